@@ -1,0 +1,180 @@
+//! Command-line flags, each also settable through an environment variable.
+//! Names follow upstream sample-controller (`--kubeconfig`, `--master`) and
+//! kubebuilder (`--metrics-bind-address`, `--health-probe-bind-address`,
+//! `--leader-elect`).
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use clap::{Parser, ValueEnum};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::{Error, Result};
+
+#[derive(Parser, Debug, Clone)]
+#[command(
+    name = "sample-controller",
+    version,
+    about = "Reconciles samplecontroller.k8s.io/v1alpha1 Foos into nginx Deployments.",
+    long_about = "Reconciles samplecontroller.k8s.io/v1alpha1 Foos into nginx Deployments.\n\n\
+        Cluster access is found the usual way (--kubeconfig, then KUBECONFIG, then ~/.kube/config, \
+        then the in-cluster service account); --master overrides the API server address.\n\
+        Logging is controlled by RUST_LOG (default: info)."
+)]
+pub struct Cli {
+    /// Path to a kubeconfig. Only required if out-of-cluster.
+    #[arg(long, env = "SAMPLE_CONTROLLER_KUBECONFIG", value_name = "PATH")]
+    pub kubeconfig: Option<String>,
+
+    /// The address of the Kubernetes API server. Overrides any value in kubeconfig.
+    #[arg(long, env = "SAMPLE_CONTROLLER_MASTER", value_name = "URL")]
+    pub master: Option<String>,
+
+    /// Watch Foos in this namespace only (default: all namespaces).
+    #[arg(long, env = "SAMPLE_CONTROLLER_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Foos reconciled concurrently.
+    #[arg(long, env = "SAMPLE_CONTROLLER_WORKERS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..))]
+    pub workers: u16,
+
+    /// Address for Prometheus metrics (/metrics); "0" disables it.
+    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = ":8080", value_name = "ADDR")]
+    pub metrics_bind_address: String,
+
+    /// Address for the liveness (/healthz) and readiness (/readyz) probes; "0" disables it.
+    #[arg(long, env = "SAMPLE_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081", value_name = "ADDR")]
+    pub health_probe_bind_address: String,
+
+    /// Elect a leader through a coordination.k8s.io Lease; only the leader reconciles.
+    #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub leader_elect: bool,
+
+    /// Name of the Lease used for leader election.
+    #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECTION_ID", default_value = "sample-controller", value_name = "NAME")]
+    pub leader_election_id: String,
+
+    /// Namespace of the leader-election Lease (default: the pod's namespace, else "default").
+    #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECTION_NAMESPACE", value_name = "NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
+
+    /// How long a standby waits after the last renewal it saw before taking over.
+    #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it gives up leading (and exits).
+    #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// Interval between attempts to acquire or renew the lease.
+    #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// Log format.
+    #[arg(long, env = "SAMPLE_CONTROLLER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+}
+
+#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+impl Cli {
+    /// Client configuration: `--kubeconfig` (or KUBECONFIG), else kube's
+    /// inference (~/.kube/config, then in-cluster); `--master` overrides the
+    /// server address, as upstream's `clientcmd.BuildConfigFromFlags`.
+    pub async fn kube_config(&self) -> Result<kube::Config> {
+        let mut config = match (&self.kubeconfig, &self.master) {
+            (Some(path), _) => {
+                let kc = Kubeconfig::read_from(path).map_err(|e| Error::Config(format!("kubeconfig {path}: {e}")))?;
+                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| Error::Config(format!("kubeconfig {path}: {e}")))?
+            }
+            (None, Some(master)) => kube::Config::new(parse_master(master)?),
+            (None, None) => kube::Config::infer().await.map_err(|e| {
+                Error::Config(format!("{e}; pass --kubeconfig, set KUBECONFIG, or run in a cluster"))
+            })?,
+        };
+        if let Some(master) = &self.master {
+            config.cluster_url = parse_master(master)?;
+        }
+        Ok(config)
+    }
+
+    pub fn lease_namespace(&self) -> String {
+        self.leader_election_namespace
+            .clone()
+            .or_else(|| std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok())
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "default".to_owned())
+    }
+}
+
+fn parse_master(master: &str) -> Result<http::Uri> {
+    master.parse().map_err(|e| Error::Config(format!("--master {master:?}: {e}")))
+}
+
+/// A bind address in kubebuilder's forms: ":8080" (all interfaces),
+/// "127.0.0.1:8080", or "0" (disabled, `None`).
+pub fn parse_bind_address(addr: &str) -> Result<Option<SocketAddr>> {
+    if addr == "0" || addr.is_empty() {
+        return Ok(None);
+    }
+    let full = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr.to_owned() };
+    full.parse()
+        .map(Some)
+        .map_err(|e| Error::Config(format!("bind address {addr:?}: {e} (expected host:port, :port or 0)")))
+}
+
+/// Durations as Go writes them in flags: "15s", "500ms", "2m".
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 15s, 500ms or 2m"))?;
+    match unit {
+        "ms" => Ok(Duration::from_millis(n)),
+        "s" | "" => Ok(Duration::from_secs(n)),
+        "m" => Ok(Duration::from_secs(n * 60)),
+        _ => Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bind_addresses_in_kubebuilder_forms() {
+        assert_eq!(parse_bind_address(":8080").unwrap(), Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(parse_bind_address("127.0.0.1:9").unwrap(), Some("127.0.0.1:9".parse().unwrap()));
+        assert_eq!(parse_bind_address("0").unwrap(), None);
+        assert!(parse_bind_address("nope").is_err());
+    }
+
+    #[test]
+    fn durations_in_go_forms() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("5h").is_err());
+    }
+
+    #[test]
+    fn defaults_match_upstream_and_kubebuilder() {
+        let cli = Cli::try_parse_from(["sample-controller"]).unwrap();
+        assert_eq!(cli.workers, 2);
+        assert!(!cli.leader_elect);
+        assert_eq!(cli.metrics_bind_address, ":8080");
+        assert_eq!(cli.health_probe_bind_address, ":8081");
+        let cli = Cli::try_parse_from(["sample-controller", "--leader-elect", "--workers", "4"]).unwrap();
+        assert!(cli.leader_elect);
+        assert_eq!(cli.workers, 4);
+        assert!(Cli::try_parse_from(["sample-controller", "--workers", "0"]).is_err());
+    }
+}

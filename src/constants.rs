@@ -1,0 +1,71 @@
+//! Every name the controller puts on the wire: field manager, labels, event
+//! reasons and messages, condition types. Kept in one place so the README,
+//! the tests and the code cannot drift apart, and so they match upstream
+//! sample-controller where upstream has a name for the same thing.
+
+/// Field manager for every write (create, patch, status). Upstream uses the
+/// same name, so managedFields read the same after swapping the binaries.
+pub const FIELD_MANAGER: &str = "sample-controller";
+
+/// `reportingController` of emitted Events.
+pub const CONTROLLER_NAME: &str = "sample-controller";
+
+/// Name used for the controller in metrics labels (`controller="foo"`), as
+/// controller-runtime names a controller after the kind it reconciles.
+pub const METRICS_CONTROLLER_LABEL: &str = "foo";
+
+/// Labels of the Deployment, its selector and its pods — upstream's.
+pub const LABEL_APP: &str = "app";
+pub const LABEL_APP_VALUE: &str = "nginx";
+pub const LABEL_CONTROLLER: &str = "controller";
+
+/// Beyond upstream: a label on the Deployment's own metadata (not on the
+/// selector or pods, so adding it never rolls pods) that lets the controller
+/// watch only the Deployments it made instead of every Deployment in the
+/// cluster.
+pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const LABEL_MANAGED_BY_VALUE: &str = "sample-controller";
+
+/// Container of the Deployment — upstream's.
+pub const CONTAINER_NAME: &str = "nginx";
+pub const CONTAINER_IMAGE: &str = "nginx:latest";
+
+/// Event reason when a sync made a change; upstream's `SuccessSynced`.
+pub const REASON_SYNCED: &str = "Synced";
+/// Event message for [`REASON_SYNCED`]; upstream's `MessageResourceSynced`.
+pub const MESSAGE_SYNCED: &str = "Foo synced successfully";
+
+/// Event reason when the Deployment exists but another owner controls it;
+/// upstream's `ErrResourceExists`.
+pub const REASON_RESOURCE_EXISTS: &str = "ErrResourceExists";
+
+/// Upstream's `MessageResourceExists`: `Resource %q already exists and is not
+/// managed by Foo`.
+pub fn message_resource_exists(deployment_name: &str) -> String {
+    format!("Resource {deployment_name:?} already exists and is not managed by Foo")
+}
+
+/// Event reason for a Foo whose spec cannot be acted on (an empty
+/// deploymentName is only possible under an older CRD without validation).
+pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
+pub const MESSAGE_EMPTY_DEPLOYMENT_NAME: &str =
+    "spec.deploymentName must be set to the name of the Deployment this Foo owns";
+
+/// Event reason when a Deployment this Foo controlled under its previous
+/// `spec.deploymentName` is deleted.
+pub const REASON_DELETED_OLD: &str = "DeletedOldDeployment";
+pub fn message_deleted_old(deployment_name: &str) -> String {
+    format!("Deleted Deployment {deployment_name:?}, which this Foo no longer names")
+}
+
+/// Event `action` fields (the Events API requires one; not shown by kubectl).
+pub const ACTION_RECONCILE: &str = "Reconcile";
+
+/// The one condition a Foo carries: `Ready` is True when its Deployment is
+/// ours and has the desired replicas, so `kubectl wait --for=condition=Ready`
+/// works.
+pub const CONDITION_READY: &str = "Ready";
+
+/// Reasons of the `Ready` condition besides the event reasons above.
+pub const REASON_AVAILABLE: &str = "Available";
+pub const REASON_PROGRESSING: &str = "Progressing";

@@ -1,0 +1,189 @@
+//! The Deployment a Foo asks for — upstream's `newDeployment(foo)` — and the
+//! ownership test that decides whether the controller may touch one. Pure
+//! functions over plain values; the API calls live in `controller.rs`.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
+use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use kube::{Resource, ResourceExt};
+
+use crate::constants::*;
+use crate::foo::Foo;
+
+/// Labels shared by the Deployment's selector and its pods: upstream's
+/// `app: nginx` and `controller: <foo name>`.
+pub fn selector_labels(foo_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        (LABEL_APP.to_owned(), LABEL_APP_VALUE.to_owned()),
+        (LABEL_CONTROLLER.to_owned(), foo_name.to_owned()),
+    ])
+}
+
+/// Label selector matching exactly the Deployments this controller creates;
+/// the controller's Deployment watch and list use it so Deployments of
+/// other tools are never sent to it, let alone cached.
+pub fn managed_selector() -> String {
+    format!("{LABEL_MANAGED_BY}={LABEL_MANAGED_BY_VALUE}")
+}
+
+/// Selector for the Deployments created for one Foo (by name; the
+/// ownerReference uid is checked on top of it, see [`is_controlled_by`]).
+pub fn foo_selector(foo_name: &str) -> String {
+    format!("{},{LABEL_CONTROLLER}={foo_name}", managed_selector())
+}
+
+/// The controller ownerReference a Deployment of this Foo carries, so the
+/// garbage collector deletes it with the Foo. `None` when the Foo has no uid
+/// (never the case for an object read from the API server).
+pub fn owner_reference(foo: &Foo) -> Option<OwnerReference> {
+    // kube's helper sets `controller` only; upstream (metav1.NewControllerRef)
+    // also blocks the Foo's foreground deletion until the Deployment is gone.
+    let mut owner = foo.controller_owner_ref(&())?;
+    owner.block_owner_deletion = Some(true);
+    Some(owner)
+}
+
+/// True when `deployment` has a controller ownerReference naming this Foo's
+/// uid. Names are not enough: a Foo deleted and re-created under the same
+/// name is a different owner, and its predecessor's Deployment is not its to
+/// modify.
+pub fn is_controlled_by(deployment: &Deployment, foo: &Foo) -> bool {
+    let Some(uid) = foo.meta().uid.as_deref() else {
+        return false;
+    };
+    deployment
+        .owner_references()
+        .iter()
+        .any(|r| r.controller == Some(true) && r.uid == uid)
+}
+
+/// Upstream's `newDeployment`: the Deployment a Foo asks for. `None` when the
+/// Foo cannot own anything (no uid, or an empty deploymentName).
+pub fn desired_deployment(foo: &Foo) -> Option<Deployment> {
+    let owner = owner_reference(foo)?;
+    if foo.spec.deployment_name.is_empty() {
+        return None;
+    }
+    let foo_name = foo.name_any();
+    let labels = selector_labels(&foo_name);
+    let mut metadata_labels = labels.clone();
+    metadata_labels.insert(LABEL_MANAGED_BY.to_owned(), LABEL_MANAGED_BY_VALUE.to_owned());
+    Some(Deployment {
+        metadata: ObjectMeta {
+            name: Some(foo.spec.deployment_name.clone()),
+            namespace: foo.namespace(),
+            labels: Some(metadata_labels),
+            owner_references: Some(vec![owner]),
+            ..ObjectMeta::default()
+        },
+        spec: Some(DeploymentSpec {
+            replicas: foo.spec.replicas,
+            selector: LabelSelector {
+                match_labels: Some(labels.clone()),
+                ..LabelSelector::default()
+            },
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta {
+                    labels: Some(labels),
+                    ..ObjectMeta::default()
+                }),
+                spec: Some(PodSpec {
+                    containers: vec![Container {
+                        name: CONTAINER_NAME.to_owned(),
+                        image: Some(CONTAINER_IMAGE.to_owned()),
+                        ..Container::default()
+                    }],
+                    ..PodSpec::default()
+                }),
+            },
+            ..DeploymentSpec::default()
+        }),
+        status: None,
+    })
+}
+
+/// Replicas the Deployment asks for. The API server defaults an unset value
+/// to 1, so unset reads as 1 — as upstream reads `*deployment.Spec.Replicas`.
+pub fn spec_replicas(deployment: &Deployment) -> i32 {
+    deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+}
+
+/// `status.availableReplicas` of the Deployment, 0 when not reported yet.
+pub fn available_replicas(deployment: &Deployment) -> i32 {
+    deployment
+        .status
+        .as_ref()
+        .and_then(|s| s.available_replicas)
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{foo, foreign_deployment};
+
+    #[test]
+    fn desired_deployment_matches_upstream_new_deployment() {
+        let foo = foo("example-foo", "example-foo", Some(3));
+        let d = desired_deployment(&foo).unwrap();
+        assert_eq!(d.metadata.name.as_deref(), Some("example-foo"));
+        assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
+        let spec = d.spec.as_ref().unwrap();
+        assert_eq!(spec.replicas, Some(3));
+        let want = selector_labels("example-foo");
+        assert_eq!(want.get("app").map(String::as_str), Some("nginx"));
+        assert_eq!(want.get("controller").map(String::as_str), Some("example-foo"));
+        assert_eq!(spec.selector.match_labels.as_ref(), Some(&want));
+        let template_meta = spec.template.metadata.as_ref().unwrap();
+        assert_eq!(template_meta.labels.as_ref(), Some(&want));
+        let containers = &spec.template.spec.as_ref().unwrap().containers;
+        assert_eq!(containers.len(), 1);
+        assert_eq!(containers[0].name, "nginx");
+        assert_eq!(containers[0].image.as_deref(), Some("nginx:latest"));
+        let owners = d.metadata.owner_references.as_ref().unwrap();
+        assert_eq!(owners.len(), 1);
+        assert_eq!(owners[0].kind, "Foo");
+        assert_eq!(owners[0].api_version, "samplecontroller.k8s.io/v1alpha1");
+        assert_eq!(owners[0].name, "example-foo");
+        assert_eq!(owners[0].uid, foo.metadata.uid.clone().unwrap());
+        assert_eq!(owners[0].controller, Some(true));
+        assert_eq!(owners[0].block_owner_deletion, Some(true));
+        assert!(is_controlled_by(&d, &foo));
+    }
+
+    #[test]
+    fn managed_by_label_is_on_the_deployment_but_not_on_pods_or_selector() {
+        let d = desired_deployment(&foo("f", "d", None)).unwrap();
+        let meta_labels = d.metadata.labels.unwrap();
+        assert_eq!(meta_labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(LABEL_MANAGED_BY_VALUE));
+        let spec = d.spec.unwrap();
+        assert!(!spec.selector.match_labels.unwrap().contains_key(LABEL_MANAGED_BY));
+        assert!(!spec.template.metadata.unwrap().labels.unwrap().contains_key(LABEL_MANAGED_BY));
+        assert_eq!(spec.replicas, None, "unset replicas stays unset, as upstream");
+    }
+
+    #[test]
+    fn no_deployment_for_an_empty_name_or_a_foo_without_uid() {
+        assert!(desired_deployment(&foo("f", "", Some(1))).is_none());
+        let mut no_uid = foo("f", "d", Some(1));
+        no_uid.metadata.uid = None;
+        assert!(desired_deployment(&no_uid).is_none());
+    }
+
+    #[test]
+    fn ownership_is_by_controller_uid_not_by_name() {
+        let owner = foo("f", "d", Some(1));
+        let mut same_name_new_uid = owner.clone();
+        same_name_new_uid.metadata.uid = Some("another-uid".into());
+        let ours = desired_deployment(&owner).unwrap();
+        assert!(is_controlled_by(&ours, &owner));
+        assert!(!is_controlled_by(&ours, &same_name_new_uid));
+        assert!(!is_controlled_by(&foreign_deployment("d", 1), &owner));
+
+        let mut not_controller = ours.clone();
+        not_controller.metadata.owner_references.as_mut().unwrap()[0].controller = Some(false);
+        assert!(!is_controlled_by(&not_controller, &owner));
+    }
+}

@@ -1,0 +1,75 @@
+//! The `Foo` API type, `samplecontroller.k8s.io/v1alpha1` — the Rust
+//! counterpart of upstream's `pkg/apis/samplecontroller/v1alpha1/types.go`,
+//! with the CRD derived instead of generated.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// A DNS-1123 subdomain, the rule Kubernetes applies to Deployment names.
+/// Checked by the API server so a bad name is refused at `kubectl apply`,
+/// not discovered later by a failing reconcile.
+pub const DNS1123_SUBDOMAIN: &str =
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+
+/// The desired state of a Foo: a Deployment of that name with that many
+/// replicas.
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[kube(
+    group = "samplecontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "Foo",
+    plural = "foos",
+    shortname = "fo",
+    namespaced,
+    status = "FooStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    doc = "A Foo owns an nginx Deployment named spec.deploymentName with spec.replicas replicas.",
+    scale(
+        spec_replicas_path = ".spec.replicas",
+        status_replicas_path = ".status.availableReplicas"
+    ),
+    printcolumn(name = "Deployment", type_ = "string", json_path = ".spec.deploymentName"),
+    printcolumn(name = "Desired", type_ = "integer", json_path = ".spec.replicas"),
+    printcolumn(name = "Available", type_ = "integer", json_path = ".status.availableReplicas"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FooSpec {
+    /// Name of the Deployment this Foo owns, in the Foo's namespace. Must be
+    /// a DNS-1123 subdomain, like every Deployment name.
+    #[schemars(length(min = 1, max = 253))]
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",
+        "message": "must be a valid Deployment name: a DNS-1123 subdomain of lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (for example 'example-foo')"
+    }]))]
+    pub deployment_name: String,
+
+    /// Desired replicas of the Deployment, 1 to 10. When unset, the
+    /// Deployment's own replicas are left alone (the API server defaults a
+    /// new Deployment to 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10))]
+    pub replicas: Option<i32>,
+}
+
+/// The observed state of a Foo, written only through the status subresource.
+#[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct FooStatus {
+    /// Available replicas of the owned Deployment (upstream's only field).
+    #[serde(default)]
+    pub available_replicas: i32,
+
+    /// The `metadata.generation` of the Foo this status was computed from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+
+    /// `Ready`: True when the Deployment is owned by this Foo and has the
+    /// desired replicas; False with a reason saying why not.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
+    pub conditions: Vec<Condition>,
+}

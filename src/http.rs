@@ -1,0 +1,95 @@
+//! The metrics and probe endpoints, on axum: `/metrics` (Prometheus text),
+//! `/healthz` (the process serves requests) and `/readyz` (ready to work:
+//! a standby is ready, a leader once its Foo cache has synced).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::get;
+use tokio::net::TcpListener;
+
+use crate::metrics::Metrics;
+use crate::{Error, Result};
+
+/// What `/readyz` reports. Readiness means "this replica can take its part":
+/// a healthy standby is ready (so rolling updates proceed); the instance
+/// that runs the controller is ready once its caches are filled.
+#[derive(Default)]
+pub struct Readiness {
+    controller_started: AtomicBool,
+    caches_synced: AtomicBool,
+}
+
+impl Readiness {
+    /// The controller starts on this replica; not ready until synced.
+    pub fn controller_starting(&self) {
+        self.controller_started.store(true, Ordering::SeqCst);
+        self.caches_synced.store(false, Ordering::SeqCst);
+    }
+
+    pub fn caches_synced(&self) {
+        self.caches_synced.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_ready(&self) -> bool {
+        !self.controller_started.load(Ordering::SeqCst) || self.caches_synced.load(Ordering::SeqCst)
+    }
+}
+
+/// Bind `addr` now (so a bad address fails start-up) and serve `router` in
+/// the background.
+pub async fn serve(addr: SocketAddr, router: Router) -> Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr: addr.to_string(), source })?;
+    tracing::info!(%addr, "serving HTTP");
+    Ok(tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(%addr, error = %e, "HTTP server stopped");
+        }
+    }))
+}
+
+pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+    Router::new().route("/metrics", get(metrics_handler)).with_state(metrics)
+}
+
+pub fn probes_router(readiness: Arc<Readiness>) -> Router {
+    Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .with_state(readiness)
+}
+
+async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+        metrics.encode(),
+    )
+}
+
+async fn readyz(State(readiness): State<Arc<Readiness>>) -> impl IntoResponse {
+    if readiness.is_ready() {
+        (StatusCode::OK, "ok")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn readiness_of_standby_leader_and_synced_leader() {
+        let r = Readiness::default();
+        assert!(r.is_ready(), "a standby is ready");
+        r.controller_starting();
+        assert!(!r.is_ready(), "a leader is not ready before its caches sync");
+        r.caches_synced();
+        assert!(r.is_ready());
+    }
+}

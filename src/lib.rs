@@ -1,0 +1,87 @@
+//! kubernetes/sample-controller in Rust: a `Foo` custom resource that owns an
+//! nginx Deployment.
+//!
+//! A module per concept: [`foo`] the API type, [`deployment`] the Deployment
+//! a Foo asks for, [`decision`] what a sync does (pure), [`controller`] the
+//! kube-runtime wiring that carries decisions out, [`constants`] every name
+//! put on the wire, plus the operational pieces: [`cli`], [`telemetry`],
+//! [`metrics`], [`http`] and [`leader`].
+
+pub mod app;
+pub mod cli;
+pub mod constants;
+pub mod controller;
+pub mod decision;
+pub mod deployment;
+pub mod foo;
+pub mod http;
+pub mod leader;
+pub mod metrics;
+pub mod telemetry;
+
+#[cfg(test)]
+mod test_support;
+
+pub use foo::{Foo, FooSpec, FooStatus};
+
+/// Every failure the controller reports, each naming the object involved.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// An API request for a Foo's sync failed; retried with backoff.
+    #[error("Foo {foo}: {action}: {source}")]
+    Api {
+        foo: String,
+        action: &'static str,
+        #[source]
+        source: kube::Error,
+    },
+
+    /// The Foo names a Deployment that something else controls; retried with
+    /// backoff in case it is deleted or handed over.
+    #[error("Foo {foo}: Deployment {deployment:?} already exists and is not managed by Foo")]
+    ResourceExists { foo: String, deployment: String },
+
+    /// A Foo came without a namespace; Foo is namespaced, so only a broken
+    /// API answer can cause this.
+    #[error("Foo {0}: the API server returned it without a namespace")]
+    MissingNamespace(String),
+
+    /// No usable cluster configuration (kubeconfig, in-cluster, flags).
+    #[error("cannot configure the Kubernetes client: {0}")]
+    Config(String),
+
+    /// The Kubernetes client could not be built, or the first API call at
+    /// start-up failed.
+    #[error("cannot reach the Kubernetes API: {0}")]
+    Client(#[source] kube::Error),
+
+    /// Leader election failed in a way it cannot retry.
+    #[error("leader election: {0}")]
+    Leader(String),
+
+    /// A listener for metrics or probes could not be bound or failed.
+    #[error("HTTP server on {addr}: {source}")]
+    Http {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    /// Short label for the `controller_runtime_reconcile_errors_total`-style
+    /// metrics and logs.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::Api { .. } => "api",
+            Error::ResourceExists { .. } => "resource_exists",
+            Error::MissingNamespace(_) => "missing_namespace",
+            Error::Config(_) => "config",
+            Error::Client(_) => "client",
+            Error::Leader(_) => "leader",
+            Error::Http { .. } => "http",
+        }
+    }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,19 @@
+//! `sample-controller`: parse flags, start logging, run the operator.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use sample_controller::{app, cli::Cli, telemetry};
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    telemetry::init(cli.log_format);
+    match app::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "exiting");
+            ExitCode::FAILURE
+        }
+    }
+}
