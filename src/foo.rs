@@ -26,6 +26,12 @@ pub const DNS1123_SUBDOMAIN: &str =
     status = "FooStatus",
     derive = "PartialEq",
     derive = "Default",
+    // *.k8s.io groups are protected: the API server refuses a CRD in one
+    // without this annotation. Upstream's CRD carries the same value.
+    annotation(
+        "api-approved.kubernetes.io",
+        "unapproved, experimental-only; please get an approval from Kubernetes API reviewers if you're trying to develop a CRD in the *.k8s.io or *.kubernetes.io groups"
+    ),
     doc = "A Foo owns an nginx Deployment named spec.deploymentName with spec.replicas replicas.",
     scale(
         spec_replicas_path = ".spec.replicas",
@@ -72,4 +78,37 @@ pub struct FooStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::CustomResourceExt;
+
+    #[test]
+    fn crd_is_upstreams_group_kind_and_version_with_kubectl_extras() {
+        let crd = Foo::crd();
+        assert_eq!(crd.metadata.name.as_deref(), Some("foos.samplecontroller.k8s.io"));
+        let annotations = crd.metadata.annotations.unwrap();
+        assert!(annotations["api-approved.kubernetes.io"].starts_with("unapproved"));
+        assert_eq!(crd.spec.scope, "Namespaced");
+        assert_eq!(crd.spec.names.kind, "Foo");
+        assert_eq!(crd.spec.names.short_names, Some(vec!["fo".to_owned()]));
+        let v = &crd.spec.versions[0];
+        assert_eq!(v.name, "v1alpha1");
+        let sub = v.subresources.as_ref().unwrap();
+        assert!(sub.status.is_some());
+        assert_eq!(sub.scale.as_ref().unwrap().spec_replicas_path, ".spec.replicas");
+        let columns: Vec<_> = v.additional_printer_columns.as_ref().unwrap().iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(columns, ["Deployment", "Desired", "Available", "Age"]);
+    }
+
+    #[test]
+    fn spec_serializes_camel_case_like_upstream() {
+        let spec = FooSpec { deployment_name: "example-foo".into(), replicas: Some(1) };
+        assert_eq!(
+            serde_json::to_value(&spec).unwrap(),
+            serde_json::json!({ "deploymentName": "example-foo", "replicas": 1 })
+        );
+    }
 }

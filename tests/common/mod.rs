@@ -1,0 +1,248 @@
+//! Shared harness of the integration tests: a client for the control plane
+//! that `hack/test.sh` started, a namespace per test, an in-process
+//! controller per test, a stand-in kubelet, and polling helpers.
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::future::Future;
+use std::process::{Command, Output};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config, ResourceExt};
+use sample_controller::controller::{self, Context, Settings};
+use sample_controller::metrics::Metrics;
+use serde_json::json;
+
+pub const KUBECONFIG_ENV: &str = "SAMPLE_CONTROLLER_TEST_KUBECONFIG";
+
+/// The control plane's kubeconfig. Integration tests never skip: without
+/// one they fail, saying how to get one.
+pub fn kubeconfig_path() -> String {
+    match std::env::var(KUBECONFIG_ENV) {
+        Ok(p) if !p.is_empty() => p,
+        _ => panic!(
+            "integration tests need a Kubernetes control plane and {KUBECONFIG_ENV} is not set.\n\
+             Run them with `hack/test.sh` (it builds and starts a local control plane), or start one with\n\
+             `eval \"$(hack/local-up.sh)\" && kubectl apply -f crds/` and set {KUBECONFIG_ENV}=\"$KUBECONFIG\"."
+        ),
+    }
+}
+
+pub async fn config() -> Config {
+    let path = kubeconfig_path();
+    let kc = Kubeconfig::read_from(&path).unwrap_or_else(|e| panic!("cannot read {path}: {e}"));
+    Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+        .await
+        .unwrap_or_else(|e| panic!("bad kubeconfig {path}: {e}"))
+}
+
+pub async fn admin_client() -> Client {
+    Client::try_from(config().await).expect("client")
+}
+
+/// A client acting as the operator's ServiceAccount from deploy/.
+pub async fn service_account_client(namespace: &str, name: &str) -> Client {
+    let mut cfg = config().await;
+    cfg.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
+    cfg.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{namespace}"),
+        "system:authenticated".into(),
+    ]);
+    Client::try_from(cfg).expect("client")
+}
+
+/// A fresh namespace for one test, deleted when dropped.
+pub struct TestNamespace {
+    pub name: String,
+    pub client: Client,
+}
+
+impl TestNamespace {
+    pub async fn new(prefix: &str) -> Self {
+        let client = admin_client().await;
+        let api: Api<Namespace> = Api::all(client.clone());
+        let ns: Namespace = serde_json::from_value(json!({
+            "metadata": { "generateName": format!("{prefix}-"), "labels": { "sample-controller-test": "true" } }
+        }))
+        .unwrap();
+        let created = api.create(&PostParams::default(), &ns).await.expect("create test namespace");
+        let name = created.name_any();
+        // Pods need the "default" ServiceAccount, which the controller
+        // manager creates shortly after the namespace.
+        let sa: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(client.clone(), &name);
+        wait_until("default ServiceAccount", Duration::from_secs(60), || async {
+            sa.get_opt("default").await.ok().flatten()
+        })
+        .await;
+        TestNamespace { name, client }
+    }
+
+    pub fn api<K>(&self) -> Api<K>
+    where
+        K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// `kubectl` against the control plane, in this namespace.
+    pub fn kubectl(&self, args: &[&str]) -> Output {
+        let mut all = vec!["-n", &self.name];
+        all.extend_from_slice(args);
+        kubectl(&all)
+    }
+
+    /// Events about the object named `name`, as "Type Reason: note".
+    pub async fn events_for(&self, name: &str) -> Vec<String> {
+        let api: Api<Event> = self.api();
+        let list = api.list(&ListParams::default()).await.expect("list events");
+        list.items
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .map(|e| {
+                format!(
+                    "{} {}: {}",
+                    e.type_.unwrap_or_default(),
+                    e.reason.unwrap_or_default(),
+                    e.note.unwrap_or_default()
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for TestNamespace {
+    fn drop(&mut self) {
+        // Best effort, without blocking the runtime: the namespace
+        // controller removes what is left.
+        let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
+    }
+}
+
+pub fn kubectl(args: &[&str]) -> Output {
+    Command::new("kubectl")
+        .args(args)
+        .env("KUBECONFIG", kubeconfig_path())
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run kubectl")
+}
+
+pub fn kubectl_ok(args: &[&str]) -> String {
+    let out = kubectl(args);
+    assert!(
+        out.status.success(),
+        "kubectl {} failed:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A controller running in this test process, stopped when dropped.
+pub struct RunningController {
+    task: tokio::task::JoinHandle<()>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl Drop for RunningController {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Start the controller with `client`, watching `namespace` (all when None).
+pub fn start_controller(client: Client, namespace: Option<&str>) -> RunningController {
+    let metrics = Arc::new(Metrics::new());
+    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), Some("integration-test".into())));
+    let settings = Settings { namespace: namespace.map(str::to_owned), workers: 2 };
+    let controller = controller::build(&client, &settings);
+    let task = tokio::spawn(controller::run(controller, ctx, futures::future::pending()));
+    RunningController { task, metrics }
+}
+
+/// Poll `probe` every 200 ms until it returns `Some`, or panic after `timeout`.
+pub async fn wait_until<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let start = Instant::now();
+    loop {
+        if let Some(v) = probe().await {
+            return v;
+        }
+        if start.elapsed() > timeout {
+            panic!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+pub const TIMEOUT: Duration = Duration::from_secs(60);
+/// The garbage collector picks up a new CRD's owners on its periodic
+/// discovery resync (30 s), so GC waits get longer.
+pub const GC_TIMEOUT: Duration = Duration::from_secs(120);
+
+pub async fn deployment(ns: &TestNamespace, name: &str) -> Option<Deployment> {
+    ns.api::<Deployment>().get_opt(name).await.expect("get deployment")
+}
+
+pub fn replicas(d: &Deployment) -> Option<i32> {
+    d.spec.as_ref().and_then(|s| s.replicas)
+}
+
+/// A stand-in kubelet: there is no node, so pods the ReplicaSet controller
+/// creates stay unscheduled; this marks each one Running and Ready through
+/// the pod status subresource, as a kubelet reports a started pod. Stops
+/// when dropped.
+pub struct FakeKubelet(tokio::task::JoinHandle<()>);
+
+impl Drop for FakeKubelet {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+pub fn fake_kubelet(ns: &TestNamespace) -> FakeKubelet {
+    let pods: Api<Pod> = ns.api();
+    FakeKubelet(tokio::spawn(async move {
+        loop {
+            if let Ok(list) = pods.list(&ListParams::default()).await {
+                for pod in list.items {
+                    let ready = pod
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+                    if ready || pod.metadata.deletion_timestamp.is_some() {
+                        continue;
+                    }
+                    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+                    let status = json!({ "status": {
+                        "phase": "Running",
+                        "startTime": now,
+                        "conditions": [
+                            { "type": "PodScheduled", "status": "True", "lastTransitionTime": now },
+                            { "type": "Initialized", "status": "True", "lastTransitionTime": now },
+                            { "type": "ContainersReady", "status": "True", "lastTransitionTime": now },
+                            { "type": "Ready", "status": "True", "lastTransitionTime": now },
+                        ],
+                    }});
+                    let _ = pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }))
+}
+
+pub async fn delete_deployment(ns: &TestNamespace, name: &str) {
+    ns.api::<Deployment>().delete(name, &DeleteParams::default()).await.expect("delete deployment");
+}

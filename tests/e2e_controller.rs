@@ -1,0 +1,254 @@
+//! The controller against a real control plane (kube-apiserver, etcd,
+//! kube-controller-manager from hack/local-up.sh): admission, subresources,
+//! ownerReferences, garbage collection and the Deployment → ReplicaSet →
+//! Pod chain are the real ones. Each test has its own namespace and its own
+//! controller watching only that namespace.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::ResourceExt;
+use sample_controller::{Foo, FooSpec};
+use serde_json::json;
+
+async fn create_foo(ns: &TestNamespace, name: &str, deployment: &str, replicas: Option<i32>) -> Foo {
+    let foo = Foo::new(name, FooSpec { deployment_name: deployment.into(), replicas });
+    ns.api::<Foo>().create(&PostParams::default(), &foo).await.expect("create foo")
+}
+
+async fn wait_for_deployment(ns: &TestNamespace, name: &str, want: impl Fn(&Deployment) -> bool) -> Deployment {
+    wait_until(&format!("Deployment {name} in the wanted state"), TIMEOUT, || async {
+        deployment(ns, name).await.filter(|d| want(d))
+    })
+    .await
+}
+
+#[tokio::test]
+async fn example_foo_gets_its_deployment_and_a_synced_event() {
+    let ns = TestNamespace::new("example").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    // Upstream's example manifest, applied unchanged.
+    kubectl_ok(&["-n", &ns.name, "apply", "-f", "artifacts/examples/example-foo.yaml"]);
+    let foo = ns.api::<Foo>().get("example-foo").await.unwrap();
+
+    let d = wait_for_deployment(&ns, "example-foo", |_| true).await;
+    let labels = d.metadata.labels.clone().unwrap();
+    assert_eq!(labels["app"], "nginx");
+    assert_eq!(labels["controller"], "example-foo");
+    let spec = d.spec.as_ref().unwrap();
+    assert_eq!(spec.replicas, Some(1));
+    let selector = spec.selector.match_labels.clone().unwrap();
+    assert_eq!(selector.len(), 2);
+    assert_eq!(selector["app"], "nginx");
+    assert_eq!(selector["controller"], "example-foo");
+    assert_eq!(spec.template.metadata.as_ref().unwrap().labels.as_ref(), Some(&selector));
+    let containers = &spec.template.spec.as_ref().unwrap().containers;
+    assert_eq!(containers.len(), 1);
+    assert_eq!(containers[0].name, "nginx");
+    assert_eq!(containers[0].image.as_deref(), Some("nginx:latest"));
+    let owner = &d.owner_references()[0];
+    assert_eq!((owner.kind.as_str(), owner.name.as_str()), ("Foo", "example-foo"));
+    assert_eq!(owner.uid, foo.uid().unwrap());
+    assert_eq!((owner.controller, owner.block_owner_deletion), (Some(true), Some(true)));
+    let managers: Vec<_> = d.managed_fields().iter().filter_map(|m| m.manager.clone()).collect();
+    assert!(managers.contains(&"sample-controller".to_owned()), "{managers:?}");
+
+    let events = wait_until("a Synced event", TIMEOUT, || async {
+        let evs = ns.events_for("example-foo").await;
+        evs.iter().any(|e| e == "Normal Synced: Foo synced successfully").then_some(evs)
+    })
+    .await;
+    assert!(!events.iter().any(|e| e.starts_with("Warning")), "{events:?}");
+    let got = ns.kubectl(&["get", "foo", "example-foo", "-o", "jsonpath={.status.observedGeneration}"]);
+    assert_eq!(String::from_utf8_lossy(&got.stdout), "1");
+}
+
+#[tokio::test]
+async fn status_available_replicas_follows_ready_pods() {
+    let ns = TestNamespace::new("status").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    let _kubelet = fake_kubelet(&ns);
+    create_foo(&ns, "example-foo", "example-foo", Some(2)).await;
+
+    let foos = ns.api::<Foo>();
+    let foo = wait_until("Foo status.availableReplicas == 2", TIMEOUT, || async {
+        let foo = foos.get("example-foo").await.ok()?;
+        (foo.status.as_ref()?.available_replicas == 2).then_some(foo)
+    })
+    .await;
+    let ready = foo.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Available"));
+    // The chain was the real one: a ReplicaSet owned by the Deployment, whose
+    // pods were made by the ReplicaSet controller.
+    let rs = ns.api::<ReplicaSet>().list(&ListParams::default()).await.unwrap().items;
+    assert_eq!(rs.len(), 1);
+    assert_eq!(rs[0].owner_references()[0].name, "example-foo");
+    assert_eq!(rs[0].status.as_ref().unwrap().ready_replicas, Some(2));
+    let out = ns.kubectl(&["get", "foo", "example-foo"]);
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains("DEPLOYMENT") && table.contains("AVAILABLE"), "{table}");
+}
+
+#[tokio::test]
+async fn replicas_change_and_kubectl_scale_reach_the_deployment() {
+    let ns = TestNamespace::new("scale").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(1)).await;
+
+    let patch = json!({ "spec": { "replicas": 3 } });
+    ns.api::<Foo>().patch("example-foo", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(3)).await;
+
+    // Through the scale subresource of the Foo.
+    kubectl_ok(&["-n", &ns.name, "scale", "foo/example-foo", "--replicas=4"]);
+    wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(4)).await;
+    // The scale subresource respects the CRD's maximum.
+    let out = ns.kubectl(&["scale", "foo/example-foo", "--replicas=11"]);
+    assert!(!out.status.success(), "scale to 11 must be refused");
+}
+
+#[tokio::test]
+async fn deployment_scaled_or_deleted_by_hand_is_put_back() {
+    let ns = TestNamespace::new("restore").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    create_foo(&ns, "example-foo", "example-foo", Some(2)).await;
+    let first = wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(2)).await;
+
+    // Someone scales it: the owns() watch brings the Foo back to a sync.
+    kubectl_ok(&["-n", &ns.name, "scale", "deployment/example-foo", "--replicas=5"]);
+    wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(2) && d.metadata.generation >= Some(3)).await;
+
+    // Someone adds a field the Foo does not own: it survives the next sync.
+    let annotate = json!({ "metadata": { "annotations": { "team": "web" } }, "spec": { "replicas": 1 } });
+    ns.api::<Deployment>().patch("example-foo", &PatchParams::default(), &Patch::Merge(&annotate)).await.unwrap();
+    let d = wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(2)).await;
+    assert_eq!(d.annotations().get("team").map(String::as_str), Some("web"));
+
+    // Someone deletes it: a new one is created.
+    delete_deployment(&ns, "example-foo").await;
+    let second = wait_for_deployment(&ns, "example-foo", |d| d.uid() != first.uid()).await;
+    assert_eq!(replicas(&second), Some(2));
+}
+
+#[tokio::test]
+async fn foreign_deployment_is_never_modified() {
+    let ns = TestNamespace::new("foreign").await;
+    let foreign: Deployment = serde_json::from_value(json!({
+        "metadata": { "name": "example-foo", "labels": { "app": "mine" } },
+        "spec": {
+            "replicas": 1,
+            "selector": { "matchLabels": { "app": "mine" } },
+            "template": {
+                "metadata": { "labels": { "app": "mine" } },
+                "spec": { "containers": [{ "name": "web", "image": "httpd:2" }] }
+            }
+        }
+    }))
+    .unwrap();
+    ns.api::<Deployment>().create(&PostParams::default(), &foreign).await.unwrap();
+    // Let the Deployment controller settle its status before the snapshot.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let before = kubectl_ok(&["-n", &ns.name, "get", "deployment", "example-foo", "-o", "json"]);
+
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    create_foo(&ns, "example-foo", "example-foo", Some(3)).await;
+    wait_until("an ErrResourceExists warning", TIMEOUT, || async {
+        ns.events_for("example-foo").await.into_iter().find(|e| {
+            e == r#"Warning ErrResourceExists: Resource "example-foo" already exists and is not managed by Foo"#
+        })
+    })
+    .await;
+    let foo = wait_until("Ready=False ErrResourceExists on the Foo", TIMEOUT, || async {
+        let foo = ns.api::<Foo>().get("example-foo").await.ok()?;
+        let cond = foo.status.as_ref()?.conditions.iter().find(|c| c.type_ == "Ready")?.clone();
+        (cond.reason == "ErrResourceExists" && cond.status == "False").then_some(foo)
+    })
+    .await;
+    assert_eq!(foo.status.unwrap().available_replicas, 0);
+    // Give retries (5 ms backoff, doubling) time to happen, then compare.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let after = kubectl_ok(&["-n", &ns.name, "get", "deployment", "example-foo", "-o", "json"]);
+    assert_eq!(before, after, "the foreign Deployment must stay byte-for-byte unchanged");
+}
+
+#[tokio::test]
+async fn deleting_the_foo_garbage_collects_its_deployment() {
+    let ns = TestNamespace::new("gc").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    wait_for_deployment(&ns, "example-foo", |_| true).await;
+
+    ns.api::<Foo>().delete("example-foo", &DeleteParams::background()).await.unwrap();
+    wait_until("the garbage collector to delete the Deployment", GC_TIMEOUT, || async {
+        deployment(&ns, "example-foo").await.is_none().then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn deployment_name_change_moves_to_the_new_deployment() {
+    let ns = TestNamespace::new("rename").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    create_foo(&ns, "example-foo", "old-name", Some(1)).await;
+    wait_for_deployment(&ns, "old-name", |_| true).await;
+    // A look-alike this Foo does not control must survive the move.
+    let mut lookalike: Deployment = deployment(&ns, "old-name").await.unwrap();
+    lookalike.metadata = kube::api::ObjectMeta {
+        name: Some("bystander".into()),
+        labels: lookalike.metadata.labels.clone(),
+        ..Default::default()
+    };
+    lookalike.status = None;
+    ns.api::<Deployment>().create(&PostParams::default(), &lookalike).await.unwrap();
+
+    let patch = json!({ "spec": { "deploymentName": "new-name" } });
+    ns.api::<Foo>().patch("example-foo", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_for_deployment(&ns, "new-name", |_| true).await;
+    wait_until("the old Deployment to go", TIMEOUT, || async {
+        deployment(&ns, "old-name").await.is_none().then_some(())
+    })
+    .await;
+    assert!(deployment(&ns, "bystander").await.is_some(), "a Deployment the Foo does not control is never deleted");
+    wait_until("a DeletedOldDeployment event", TIMEOUT, || async {
+        ns.events_for("example-foo").await.into_iter().find(|e| e.starts_with("Normal DeletedOldDeployment"))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn in_sync_foo_causes_no_writes() {
+    let ns = TestNamespace::new("quiet").await;
+    let _kubelet = fake_kubelet(&ns);
+    let controller = start_controller(ns.client.clone(), Some(&ns.name));
+    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    let foos: Api<Foo> = ns.api();
+    wait_until("the Foo to be Ready", TIMEOUT, || async {
+        let foo = foos.get("example-foo").await.ok()?;
+        (foo.status?.available_replicas == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let foo_rv = foos.get("example-foo").await.unwrap().resource_version();
+    let dep_rv = deployment(&ns, "example-foo").await.unwrap().resource_version();
+    let events = ns.events_for("example-foo").await.len();
+
+    // Restarting the controller syncs every Foo again: nothing may be written.
+    drop(controller);
+    let restarted = start_controller(ns.client.clone(), Some(&ns.name));
+    wait_until("a sync after the restart", TIMEOUT, || async {
+        let text = restarted.metrics.encode();
+        text.lines()
+            .any(|l| l.starts_with("controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}") && !l.ends_with(" 0"))
+            .then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(foos.get("example-foo").await.unwrap().resource_version(), foo_rv, "Foo was written");
+    assert_eq!(deployment(&ns, "example-foo").await.unwrap().resource_version(), dep_rv, "Deployment was written");
+    assert_eq!(ns.events_for("example-foo").await.len(), events, "an event was emitted");
+}
