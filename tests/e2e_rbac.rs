@@ -1,0 +1,132 @@
+//! deploy/ against the real API server: it is admitted (server-side dry run,
+//! Pod Security "restricted"), and its RBAC is enough for every behaviour of
+//! the controller — run here as the ServiceAccount through impersonation —
+//! and no more. Its own test binary, so the all-namespaces controller below
+//! runs alone.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use sample_controller::leader::{Elector, LeaderConfig};
+use sample_controller::{Foo, FooSpec};
+use serde_json::json;
+
+const NS: &str = "sample-controller";
+const SA: &str = "sample-controller";
+
+fn can_i(args: &[&str]) -> bool {
+    let who = format!("--as=system:serviceaccount:{NS}:{SA}");
+    let mut all = vec!["auth", "can-i", who.as_str()];
+    all.extend_from_slice(args);
+    let out = kubectl(&all);
+    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+}
+
+#[tokio::test]
+async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
+    // Server-side dry run of everything (the namespace must exist for the
+    // namespaced objects to be checked), as `-f` and as `-k`.
+    kubectl_ok(&["apply", "-f", "deploy/00-namespace.yaml"]);
+    kubectl_ok(&["apply", "--dry-run=server", "-f", "deploy/"]);
+    kubectl_ok(&["apply", "--dry-run=server", "-k", "deploy/"]);
+    kubectl_ok(&["apply", "-f", "deploy/"]);
+
+    // The operator's own pods are admitted under enforce=restricted: the
+    // ReplicaSet controller could create them (no kubelet runs them here).
+    let admin = admin_client().await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    wait_until("the operator's 2 pods to be admitted", TIMEOUT, || async {
+        let n = pods.list(&ListParams::default().labels("app.kubernetes.io/name=sample-controller")).await.ok()?.items.len();
+        (n == 2).then_some(())
+    })
+    .await;
+    let rs: Api<ReplicaSet> = Api::namespaced(admin.clone(), NS);
+    let rs = rs.list(&ListParams::default()).await.unwrap().items;
+    let failure = rs.iter().flat_map(|r| r.status.iter().flat_map(|s| s.conditions.iter().flatten())).find(|c| c.type_ == "ReplicaFailure");
+    assert!(failure.is_none(), "pods refused: {failure:?}");
+
+    // The whole controller as the ServiceAccount, watching all namespaces.
+    let sa_client = service_account_client(NS, SA).await;
+    let controller = start_controller(sa_client.clone(), None);
+    let ns = TestNamespace::new("rbac").await;
+    let _kubelet = fake_kubelet(&ns);
+    let foos: Api<Foo> = ns.api();
+    foos.create(&PostParams::default(), &Foo::new("example-foo", FooSpec { deployment_name: "first".into(), replicas: Some(1) }))
+        .await
+        .unwrap();
+    // Create (with blockOwnerDeletion, which OwnerReferencesPermissionEnforcement
+    // checks against foos/finalizers), status, events.
+    wait_until("status written by the ServiceAccount", TIMEOUT, || async {
+        let foo = foos.get("example-foo").await.ok()?;
+        (foo.status?.available_replicas == 1).then_some(())
+    })
+    .await;
+    wait_until("a Synced event", TIMEOUT, || async {
+        ns.events_for("example-foo").await.into_iter().find(|e| e.starts_with("Normal Synced"))
+    })
+    .await;
+    // Patch replicas, then rename: delete of the old Deployment.
+    let patch = json!({ "spec": { "replicas": 2, "deploymentName": "second" } });
+    foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+    wait_until("the renamed Deployment with 2 replicas, the old one gone", TIMEOUT, || async {
+        let new = deployment(&ns, "second").await?;
+        (replicas(&new) == Some(2) && deployment(&ns, "first").await.is_none()).then_some(())
+    })
+    .await;
+    let foo = wait_until("status of the renamed Deployment", TIMEOUT, || async {
+        let foo = foos.get("example-foo").await.ok()?;
+        (foo.status.as_ref()?.available_replicas == 2).then_some(foo)
+    })
+    .await;
+    assert_eq!(foo.status.unwrap().observed_generation, Some(2));
+    let metrics = controller.metrics.encode();
+    assert!(
+        metrics.contains("controller_runtime_reconcile_errors_total{controller=\"foo\"} 0"),
+        "a sync failed as the ServiceAccount (forbidden?):\n{metrics}"
+    );
+
+    // Leader election with the Role in the operator's namespace.
+    let mut elector = Elector::new(
+        sa_client,
+        LeaderConfig {
+            lease_name: "rbac-test".into(),
+            namespace: NS.into(),
+            identity: "rbac-test-candidate".into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        },
+    );
+    tokio::time::timeout(TIMEOUT, elector.acquire()).await.expect("acquire the lease as the ServiceAccount");
+    elector.release().await;
+
+    // What it must be able to do...
+    for verb in [
+        &["list", "foos.samplecontroller.k8s.io", "-A"][..],
+        &["watch", "deployments.apps", "-A"],
+        &["patch", "foos.samplecontroller.k8s.io", "--subresource=status", "-n", "default"],
+        &["create", "events.events.k8s.io", "-n", "default"],
+        &["update", "leases.coordination.k8s.io", "-n", NS],
+    ] {
+        assert!(can_i(verb), "the ServiceAccount must be able to {verb:?}");
+    }
+    // ...and a few things it must not.
+    for verb in [
+        &["update", "deployments.apps", "-n", "default"][..],
+        &["delete", "foos.samplecontroller.k8s.io", "-n", "default"],
+        &["create", "foos.samplecontroller.k8s.io", "-n", "default"],
+        &["update", "foos.samplecontroller.k8s.io", "-n", "default"],
+        &["get", "secrets", "-n", NS],
+        &["create", "pods", "-n", "default"],
+        &["delete", "namespaces"],
+        &["create", "leases.coordination.k8s.io", "-n", "default"],
+        &["create", "events", "-n", "default"],
+    ] {
+        assert!(!can_i(verb), "the ServiceAccount must not be able to {verb:?}");
+    }
+}
