@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::Shared;
@@ -124,9 +125,20 @@ async fn run_controller(
     readiness.controller_starting();
     let readiness = readiness.clone();
     let synced = tokio::spawn(async move {
-        if store.wait_until_ready().await.is_ok() {
-            info!("caches synced");
-            readiness.caches_synced();
+        // Re-poll rather than wait once: the store's readiness is a oneshot
+        // that keeps a single waker, and the controller's own runner, which
+        // waits on it too, takes that waker — a lone waiter here would
+        // never be woken (kube-runtime 5.0).
+        loop {
+            match tokio::time::timeout(Duration::from_millis(250), store.wait_until_ready()).await {
+                Ok(Ok(())) => {
+                    info!("caches synced");
+                    readiness.caches_synced();
+                    return;
+                }
+                Ok(Err(_)) => return, // controller gone
+                Err(_) => {}
+            }
         }
     });
     controller::run(controller, ctx, shutdown).await;

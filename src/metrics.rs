@@ -112,6 +112,7 @@ impl Metrics {
         }
         let _ = m.reconcile_errors.get_or_create(&controller_labels());
         let _ = m.active_workers.get_or_create(&controller_labels());
+        let _ = m.reconcile_time.get_or_create(&controller_labels());
         m
     }
 

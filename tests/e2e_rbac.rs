@@ -49,6 +49,15 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
     let rs = rs.list(&ListParams::default()).await.unwrap().items;
     let failure = rs.iter().flat_map(|r| r.status.iter().flat_map(|s| s.conditions.iter().flatten())).find(|c| c.type_ == "ReplicaFailure");
     assert!(failure.is_none(), "pods refused: {failure:?}");
+    // ...and the namespace really enforces it: a pod that is not
+    // "restricted" is refused there.
+    let privileged: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "not-restricted" },
+        "spec": { "containers": [{ "name": "c", "image": "busybox:1", "securityContext": { "privileged": true } }] }
+    }))
+    .unwrap();
+    let refused = pods.create(&PostParams::default(), &privileged).await.expect_err("PodSecurity must refuse it");
+    assert!(refused.to_string().contains("violates PodSecurity \"restricted:latest\""), "{refused}");
 
     // The whole controller as the ServiceAccount, watching all namespaces.
     let sa_client = service_account_client(NS, SA).await;

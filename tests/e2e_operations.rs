@@ -1,0 +1,282 @@
+//! The operator as a process, as it runs in a cluster: leader election
+//! between replicas, hand-over on crash and on graceful shutdown, metrics,
+//! and readiness. Each test starts `sample-controller` binaries against the
+//! local control plane, in its own namespace and with its own Lease.
+
+mod common;
+
+use std::net::TcpListener;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{ListParams, PostParams};
+use sample_controller::{Foo, FooSpec};
+
+/// A `sample-controller` process; killed when dropped.
+struct Operator {
+    child: Child,
+    metrics: u16,
+    probes: u16,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Lease timings short enough for tests: 5 s lease, 3 s renew deadline,
+/// 1 s retry.
+const LEASE: Duration = Duration::from_secs(5);
+
+fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
+    let (metrics, probes) = (free_port(), free_port());
+    let log = std::fs::File::create(format!("{}/{log_name}.log", env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_sample-controller"))
+        .args(["--kubeconfig", kubeconfig, "--namespace", ns])
+        .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
+        .args(["--health-probe-bind-address", &format!("127.0.0.1:{probes}")])
+        .args(extra)
+        .env("RUST_LOG", "info,sample_controller=debug")
+        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start sample-controller");
+    Operator { child, metrics, probes }
+}
+
+fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operator {
+    let secs = format!("{}s", lease_duration.as_secs());
+    let deadline = format!("{}s", (lease_duration.as_secs() * 3 / 5).max(1));
+    spawn_operator(
+        ns,
+        &kubeconfig_path(),
+        &[
+            "--leader-elect",
+            "--leader-election-id", "sample-controller-test",
+            "--leader-election-namespace", ns,
+            "--leader-elect-lease-duration", &secs,
+            "--leader-elect-renew-deadline", &deadline,
+            "--leader-elect-retry-period", "1s",
+        ],
+        &format!("{ns}-{name}"),
+    )
+}
+
+/// GET a path on localhost: (status code, body); None if nothing listens.
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// The value of the first sample whose line starts with `series`.
+async fn metric(op: &Operator, series: &str) -> Option<f64> {
+    let (_, body) = http_get(op.metrics, "/metrics").await?;
+    body.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
+}
+
+const LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller-test\"}";
+const SUCCESS_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}";
+const ERROR_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
+const ERRORS_TOTAL: &str = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
+
+async fn holder(ns: &TestNamespace) -> Option<String> {
+    let lease = ns.api::<Lease>().get_opt("sample-controller-test").await.ok()??;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+/// Wait until exactly one of `ops` reports itself leader; return its index.
+async fn one_leader(ops: &[&Operator]) -> usize {
+    wait_until("exactly one leader", TIMEOUT, || async {
+        let mut leaders = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match metric(op, LEADER_SERIES).await {
+                Some(v) if v == 1.0 => leaders.push(i),
+                Some(_) => {}
+                None => return None, // not up yet
+            }
+        }
+        (leaders.len() == 1).then(|| leaders[0])
+    })
+    .await
+}
+
+async fn create_foo(ns: &TestNamespace, name: &str) {
+    let foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(1) });
+    ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
+}
+
+#[tokio::test]
+async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
+    let ns = TestNamespace::new("leader").await;
+    let a = spawn_candidate(&ns.name, LEASE, "a");
+    let b = spawn_candidate(&ns.name, LEASE, "b");
+    let leader = one_leader(&[&a, &b]).await;
+    let (leading, standby) = if leader == 0 { (&a, &b) } else { (&b, &a) };
+
+    create_foo(&ns, "first").await;
+    wait_until("the leader to create the Deployment", TIMEOUT, || async { deployment(&ns, "first").await }).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(metric(leading, SUCCESS_SERIES).await.unwrap() >= 1.0);
+    assert_eq!(metric(standby, SUCCESS_SERIES).await, Some(0.0), "the standby reconciled");
+    assert_eq!(metric(standby, ERROR_SERIES).await, Some(0.0), "the standby reconciled");
+    // Every event about the Foo came from the Lease holder.
+    let holder = holder(&ns).await.expect("a Lease holder");
+    let events = ns.api::<Event>().list(&ListParams::default()).await.unwrap().items;
+    let instances: Vec<_> = events.iter().filter_map(|e| e.reporting_instance.clone()).collect();
+    assert!(!instances.is_empty());
+    assert!(instances.iter().all(|i| *i == holder), "writers {instances:?}, leader {holder}");
+    // Both are ready: a healthy standby must not block a rolling update.
+    for op in [leading, standby] {
+        assert_eq!(http_get(op.probes, "/readyz").await.map(|r| r.0), Some(200));
+        assert_eq!(http_get(op.probes, "/healthz").await.map(|r| r.0), Some(200));
+    }
+}
+
+#[tokio::test]
+async fn killed_leader_is_replaced_within_the_lease_duration() {
+    let ns = TestNamespace::new("failover").await;
+    let mut a = spawn_candidate(&ns.name, LEASE, "a");
+    let mut b = spawn_candidate(&ns.name, LEASE, "b");
+    let leader = one_leader(&[&a, &b]).await;
+    let (dead, survivor) = if leader == 0 { (&mut a, &b) } else { (&mut b, &a) };
+
+    // kill -9: no release, the standby must wait the Lease out.
+    dead.child.kill().unwrap();
+    let killed = Instant::now();
+    dead.child.wait().unwrap();
+    create_foo(&ns, "after-crash").await;
+    wait_until("the standby to reconcile the new Foo", TIMEOUT, || async { deployment(&ns, "after-crash").await }).await;
+    let took = killed.elapsed();
+    println!("takeover after kill -9: {took:?} (lease duration {LEASE:?})");
+    // The lease duration, plus one retry period and the sync itself.
+    assert!(took < LEASE + Duration::from_secs(2), "takeover took {took:?}");
+    assert_eq!(metric(survivor, LEADER_SERIES).await, Some(1.0));
+}
+
+#[tokio::test]
+async fn sigterm_releases_the_lease_and_the_standby_leads_at_once() {
+    let ns = TestNamespace::new("handover").await;
+    // A long lease: only a release can explain a fast hand-over.
+    let long = Duration::from_secs(30);
+    let a = spawn_candidate(&ns.name, long, "a");
+    let b = spawn_candidate(&ns.name, long, "b");
+    let leader = one_leader(&[&a, &b]).await;
+    let (mut leaving, staying) = if leader == 0 { (a, b) } else { (b, a) };
+    let old = holder(&ns).await.unwrap();
+
+    let pid = leaving.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let status = leaving.child.wait().unwrap();
+    let exited = Instant::now();
+    assert!(status.success(), "graceful shutdown must exit 0, got {status}");
+    let new = wait_until("the standby to take the lease", Duration::from_secs(10), || async {
+        holder(&ns).await.filter(|h| *h != old)
+    })
+    .await;
+    let took = exited.elapsed();
+    println!("hand-over after SIGTERM: {took:?} (lease duration {long:?})");
+    assert!(took < Duration::from_secs(2), "hand-over took {took:?}");
+    assert_ne!(new, old);
+    wait_until("the standby to report leading", TIMEOUT, || async {
+        (metric(&staying, LEADER_SERIES).await? == 1.0).then_some(())
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn metrics_count_reconciles_and_errors() {
+    let ns = TestNamespace::new("metrics").await;
+    let op = spawn_operator(&ns.name, &kubeconfig_path(), &[], &format!("{}-op", ns.name));
+    wait_until("the operator to be ready", TIMEOUT, || async {
+        (http_get(op.probes, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    let (code, body) = http_get(op.metrics, "/metrics").await.unwrap();
+    assert_eq!(code, 200);
+    for name in [
+        "controller_runtime_reconcile_total",
+        "controller_runtime_reconcile_errors_total",
+        "controller_runtime_reconcile_time_seconds_bucket",
+        "controller_runtime_active_workers",
+        "controller_runtime_max_concurrent_reconciles{controller=\"foo\"} 2",
+    ] {
+        assert!(body.contains(name), "/metrics lacks {name}:\n{body}");
+    }
+    assert_eq!(metric(&op, SUCCESS_SERIES).await, Some(0.0));
+    assert_eq!(metric(&op, ERRORS_TOTAL).await, Some(0.0));
+
+    create_foo(&ns, "good").await;
+    wait_until("a successful reconcile to be counted", TIMEOUT, || async {
+        (metric(&op, SUCCESS_SERIES).await? >= 1.0).then_some(())
+    })
+    .await;
+    assert_eq!(metric(&op, ERRORS_TOTAL).await, Some(0.0));
+
+    // A Foo naming a Deployment that is not its own fails every sync.
+    let foreign = deployment(&ns, "good").await.unwrap();
+    let mut taken = foreign.clone();
+    taken.metadata = kube::api::ObjectMeta { name: Some("taken".into()), ..Default::default() };
+    taken.status = None;
+    ns.api::<k8s_openapi::api::apps::v1::Deployment>().create(&PostParams::default(), &taken).await.unwrap();
+    create_foo(&ns, "taken").await;
+    wait_until("errors to be counted", TIMEOUT, || async {
+        let errors = metric(&op, ERRORS_TOTAL).await?;
+        let failed = metric(&op, ERROR_SERIES).await?;
+        (errors >= 2.0 && failed == errors).then_some(())
+    })
+    .await;
+    let count = metric(&op, "controller_runtime_reconcile_time_seconds_count{controller=\"foo\"}").await.unwrap();
+    assert!(count >= 3.0, "histogram count {count}");
+}
+
+#[tokio::test]
+async fn readyz_is_unavailable_until_caches_sync() {
+    let ns = TestNamespace::new("ready").await;
+    // Run as a ServiceAccount with no rights yet: the Foo list is refused,
+    // so the cache cannot sync.
+    let sa = "late-rbac";
+    kubectl_ok(&["-n", &ns.name, "create", "serviceaccount", sa]);
+    let mut kubeconfig: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
+    kubeconfig["users"][0]["user"]["as"] = format!("system:serviceaccount:{}:{sa}", ns.name).into();
+    kubeconfig["users"][0]["user"]["as-groups"] = serde_json::json!(["system:serviceaccounts", "system:authenticated"]);
+    let path = format!("{}/{}-kubeconfig", env!("CARGO_TARGET_TMPDIR"), ns.name);
+    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+
+    let op = spawn_operator(&ns.name, &path, &[], &format!("{}-op", ns.name));
+    wait_until("/healthz to answer", TIMEOUT, || async {
+        (http_get(op.probes, "/healthz").await?.0 == 200).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(http_get(op.probes, "/readyz").await.map(|r| r.0), Some(503), "ready before its cache synced");
+
+    kubectl_ok(&["apply", "-f", "deploy/02-clusterrole.yaml"]);
+    kubectl_ok(&[
+        "-n", &ns.name, "create", "rolebinding", "late-rbac", "--clusterrole=sample-controller",
+        &format!("--serviceaccount={}:{sa}", ns.name),
+    ]);
+    wait_until("/readyz to turn 200 once the cache syncs", TIMEOUT, || async {
+        (http_get(op.probes, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    std::fs::remove_file(&path).ok();
+}
