@@ -36,8 +36,11 @@ eval "$up"
 kubectl apply -f crds/ >&2
 kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >&2
 SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" run_tests --test 'e2e_*'
+hack/local-down.sh
 
 passed=$(awk '{for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed;?$/) s+=$i} END {print s+0}' "$results")
 failed=$(awk '{for (i=1;i<=NF;i++) if ($(i+1) ~ /^failed;?$/) s+=$i} END {print s+0}' "$results")
 log "done in $((SECONDS - start))s"
+rm -f "$results"
+trap - EXIT
 echo "tests: $passed passed, $failed failed"

@@ -151,8 +151,15 @@ async fn foreign_deployment_is_never_modified() {
     }))
     .unwrap();
     ns.api::<Deployment>().create(&PostParams::default(), &foreign).await.unwrap();
-    // Let the Deployment controller settle its status before the snapshot.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Let the Deployment controller settle its status (it made the
+    // ReplicaSet and its pod) before the snapshot.
+    wait_until("the foreign Deployment's status to settle", TIMEOUT, || async {
+        let d = deployment(&ns, "example-foo").await?;
+        let status = d.status?;
+        (status.observed_generation == Some(1) && status.replicas == Some(1)).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
     let before = kubectl_ok(&["-n", &ns.name, "get", "deployment", "example-foo", "-o", "json"]);
 
     let _controller = start_controller(ns.client.clone(), Some(&ns.name));

@@ -166,8 +166,9 @@ async fn killed_leader_is_replaced_within_the_lease_duration() {
     wait_until("the standby to reconcile the new Foo", TIMEOUT, || async { deployment(&ns, "after-crash").await }).await;
     let took = killed.elapsed();
     println!("takeover after kill -9: {took:?} (lease duration {LEASE:?})");
-    // The lease duration, plus one retry period and the sync itself.
-    assert!(took < LEASE + Duration::from_secs(2), "takeover took {took:?}");
+    // The lease duration, plus a retry period and the sync itself, with
+    // room for a loaded CI machine.
+    assert!(took < LEASE + Duration::from_secs(3), "takeover took {took:?}");
     assert_eq!(metric(survivor, LEADER_SERIES).await, Some(1.0));
 }
 
