@@ -21,7 +21,9 @@ run_tests() { # cargo test args...; keeps the summary lines for the total
 
 log "1/5 build"
 cargo build --locked --all-targets
-log "2/5 generated CRD matches the Foo type"
+log "2/5 formatting, lints, generated CRD matches the Foo type"
+cargo fmt --check
+cargo clippy --locked --all-targets --quiet -- -D warnings
 hack/verify-crds.sh
 log "3/5 Dockerfile lint"
 hack/lint-dockerfile.sh

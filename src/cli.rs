@@ -51,7 +51,12 @@ pub struct Cli {
     pub leader_elect: bool,
 
     /// Name of the Lease used for leader election.
-    #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECTION_ID", default_value = "sample-controller", value_name = "NAME")]
+    #[arg(
+        long,
+        env = "SAMPLE_CONTROLLER_LEADER_ELECTION_ID",
+        default_value = "sample-controller",
+        value_name = "NAME"
+    )]
     pub leader_election_id: String,
 
     /// Namespace of the leader-election Lease (default: the pod's namespace, else "default").
@@ -94,9 +99,9 @@ impl Cli {
                     .map_err(|e| Error::Config(format!("kubeconfig {path}: {e}")))?
             }
             (None, Some(master)) => kube::Config::new(parse_master(master)?),
-            (None, None) => kube::Config::infer().await.map_err(|e| {
-                Error::Config(format!("{e}; pass --kubeconfig, set KUBECONFIG, or run in a cluster"))
-            })?,
+            (None, None) => kube::Config::infer()
+                .await
+                .map_err(|e| Error::Config(format!("{e}; pass --kubeconfig, set KUBECONFIG, or run in a cluster")))?,
         };
         if let Some(master) = &self.master {
             config.cluster_url = parse_master(master)?;

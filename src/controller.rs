@@ -45,12 +45,7 @@ pub struct Context {
 impl Context {
     pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance };
-        Context {
-            recorder: Recorder::new(client.clone(), reporter),
-            client,
-            metrics,
-            failures: Mutex::default(),
-        }
+        Context { recorder: Recorder::new(client.clone(), reporter), client, metrics, failures: Mutex::default() }
     }
 
     /// The delay before the next retry of `foo`, counting this failure.
@@ -69,9 +64,7 @@ impl Context {
 
 /// `BACKOFF_BASE * 2^failures`, capped at `BACKOFF_MAX`.
 pub fn backoff_delay(failures: u32) -> Duration {
-    BACKOFF_BASE
-        .checked_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX))
-        .map_or(BACKOFF_MAX, |d| d.min(BACKOFF_MAX))
+    BACKOFF_BASE.checked_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX)).map_or(BACKOFF_MAX, |d| d.min(BACKOFF_MAX))
 }
 
 /// What to watch, and how hard to work.
@@ -114,7 +107,11 @@ pub fn build(client: &Client, settings: &Settings) -> Controller<Foo> {
 
 /// Run `controller` until `shutdown` resolves, then let in-flight syncs
 /// finish.
-pub async fn run(controller: Controller<Foo>, ctx: Arc<Context>, shutdown: impl Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(
+    controller: Controller<Foo>,
+    ctx: Arc<Context>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) {
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)

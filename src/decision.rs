@@ -22,11 +22,7 @@ pub enum DeploymentAction {
     /// only if the object is still at `resource_version` (the one checked for
     /// ownership), so a Deployment that changed hands meanwhile is not
     /// touched.
-    Scale {
-        name: String,
-        resource_version: Option<String>,
-        replicas: i32,
-    },
+    Scale { name: String, resource_version: Option<String>, replicas: i32 },
     /// It is ours and in sync, or it cannot be touched: no write.
     None,
 }
@@ -194,11 +190,7 @@ fn status_with(foo: &Foo, available: i32, mut cond: Condition, now: &Time) -> Op
         Some(slot) => *slot = cond,
         None => conditions.push(cond),
     }
-    let want = FooStatus {
-        available_replicas: available,
-        observed_generation: generation,
-        conditions,
-    };
+    let want = FooStatus { available_replicas: available, observed_generation: generation, conditions };
     (foo.status.as_ref() != Some(&want)).then_some(want)
 }
 
@@ -251,14 +243,14 @@ mod tests {
         let foo = foo("example-foo", "example-foo", Some(2));
         let d = owned_deployment(&foo, 2, 2);
         // First sync records the status...
-        let first = decide(&foo, Some(&d), &[d.clone()], &now());
+        let first = decide(&foo, Some(&d), std::slice::from_ref(&d), &now());
         assert_eq!(first.deployment, DeploymentAction::None);
         assert!(first.status.is_some());
         // ...and the next one, with that status in place, writes nothing and
         // emits nothing, even at a later time.
         let foo = with_status(foo, &first);
         let later = Time(Timestamp::from_second(1_800_000_600).unwrap());
-        let plan = decide(&foo, Some(&d), &[d.clone()], &later);
+        let plan = decide(&foo, Some(&d), std::slice::from_ref(&d), &later);
         assert!(!plan.writes(), "in-sync Foo must not write: {plan:?}");
         assert!(plan.events.is_empty(), "in-sync Foo must not emit events: {plan:?}");
         assert_eq!(plan.outcome, Outcome::Synced);
@@ -271,11 +263,7 @@ mod tests {
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(
             plan.deployment,
-            DeploymentAction::Scale {
-                name: "example-foo".into(),
-                resource_version: Some("200".into()),
-                replicas: 3
-            }
+            DeploymentAction::Scale { name: "example-foo".into(), resource_version: Some("200".into()), replicas: 3 }
         );
         assert_eq!(reasons(&plan), vec![REASON_SYNCED]);
         let status = plan.status.unwrap();
@@ -302,10 +290,7 @@ mod tests {
         assert_eq!(plan.events.len(), 1);
         assert!(plan.events[0].warning);
         assert_eq!(plan.events[0].reason, "ErrResourceExists");
-        assert_eq!(
-            plan.events[0].message,
-            r#"Resource "example-foo" already exists and is not managed by Foo"#
-        );
+        assert_eq!(plan.events[0].message, r#"Resource "example-foo" already exists and is not managed by Foo"#);
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
         let status = plan.status.unwrap();
         assert_eq!(status.conditions[0].reason, "ErrResourceExists");
@@ -317,7 +302,7 @@ mod tests {
         let d = owned_deployment(&old, 1, 1);
         let mut new = old.clone();
         new.metadata.uid = Some("uid-recreated".into());
-        let plan = decide(&new, Some(&d), &[d.clone()], &now());
+        let plan = decide(&new, Some(&d), std::slice::from_ref(&d), &now());
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
         assert!(plan.delete.is_empty());
     }
@@ -387,12 +372,9 @@ mod tests {
         after.spec.deployment_name = "new-name".into();
         after.metadata.generation = Some(2);
         // The new one does not exist yet: create it and drop the old one.
-        let plan = decide(&after, None, &[old.clone()], &now());
+        let plan = decide(&after, None, std::slice::from_ref(&old), &now());
         assert!(matches!(plan.deployment, DeploymentAction::Create(_)));
-        assert_eq!(
-            plan.delete,
-            vec![StaleDeployment { name: "old-name".into(), uid: old.metadata.uid.clone() }]
-        );
+        assert_eq!(plan.delete, vec![StaleDeployment { name: "old-name".into(), uid: old.metadata.uid.clone() }]);
         assert_eq!(reasons(&plan), vec![REASON_DELETED_OLD, REASON_SYNCED]);
     }
 

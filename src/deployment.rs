@@ -53,10 +53,7 @@ pub fn is_controlled_by(deployment: &Deployment, foo: &Foo) -> bool {
     let Some(uid) = foo.meta().uid.as_deref() else {
         return false;
     };
-    deployment
-        .owner_references()
-        .iter()
-        .any(|r| r.controller == Some(true) && r.uid == uid)
+    deployment.owner_references().iter().any(|r| r.controller == Some(true) && r.uid == uid)
 }
 
 /// Upstream's `newDeployment`: the Deployment a Foo asks for. `None` when the
@@ -80,15 +77,9 @@ pub fn desired_deployment(foo: &Foo) -> Option<Deployment> {
         },
         spec: Some(DeploymentSpec {
             replicas: foo.spec.replicas,
-            selector: LabelSelector {
-                match_labels: Some(labels.clone()),
-                ..LabelSelector::default()
-            },
+            selector: LabelSelector { match_labels: Some(labels.clone()), ..LabelSelector::default() },
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta {
-                    labels: Some(labels),
-                    ..ObjectMeta::default()
-                }),
+                metadata: Some(ObjectMeta { labels: Some(labels), ..ObjectMeta::default() }),
                 spec: Some(PodSpec {
                     containers: vec![Container {
                         name: CONTAINER_NAME.to_owned(),
@@ -112,11 +103,7 @@ pub fn spec_replicas(deployment: &Deployment) -> i32 {
 
 /// `status.availableReplicas` of the Deployment, 0 when not reported yet.
 pub fn available_replicas(deployment: &Deployment) -> i32 {
-    deployment
-        .status
-        .as_ref()
-        .and_then(|s| s.available_replicas)
-        .unwrap_or(0)
+    deployment.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0)
 }
 
 #[cfg(test)]

@@ -10,11 +10,12 @@ use serde::{Deserialize, Serialize};
 /// A DNS-1123 subdomain, the rule Kubernetes applies to Deployment names.
 /// Checked by the API server so a bad name is refused at `kubectl apply`,
 /// not discovered later by a failing reconcile.
-pub const DNS1123_SUBDOMAIN: &str =
-    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+pub const DNS1123_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
 /// The desired state of a Foo: a Deployment of that name with that many
 /// replicas.
+// clippy reads the repeated `type_` of the printcolumns as duplicates.
+#[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[kube(
     group = "samplecontroller.k8s.io",

@@ -58,25 +58,15 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
 }
 
 pub fn probes_router(readiness: Arc<Readiness>) -> Router {
-    Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .with_state(readiness)
+    Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz)).with_state(readiness)
 }
 
 async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    (
-        [(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
-        metrics.encode(),
-    )
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.encode())
 }
 
 async fn readyz(State(readiness): State<Arc<Readiness>>) -> impl IntoResponse {
-    if readiness.is_ready() {
-        (StatusCode::OK, "ok")
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, "caches not synced")
-    }
+    if readiness.is_ready() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "caches not synced") }
 }
 
 #[cfg(test)]

@@ -104,7 +104,15 @@ impl Metrics {
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
             leader.clone(),
         );
-        let m = Metrics { registry, reconcile_total, reconcile_errors, reconcile_time, active_workers, max_workers, leader };
+        let m = Metrics {
+            registry,
+            reconcile_total,
+            reconcile_errors,
+            reconcile_time,
+            active_workers,
+            max_workers,
+            leader,
+        };
         // Start every series at zero so rate() and alerts see them before
         // the first reconcile.
         for result in [RESULT_SUCCESS, RESULT_ERROR, RESULT_REQUEUE] {
@@ -185,11 +193,26 @@ mod tests {
             Some(&Error::ResourceExists { foo: "default/f".into(), deployment: "d".into() }),
         );
         let text = m.encode();
-        assert_eq!(line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="success"}"#).split(' ').last(), Some("1"));
-        assert_eq!(line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="error"}"#).split(' ').last(), Some("1"));
-        assert_eq!(line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="requeue"}"#).split(' ').last(), Some("0"));
-        assert_eq!(line(&text, r#"controller_runtime_reconcile_errors_total{controller="foo"}"#).split(' ').last(), Some("1"));
-        assert_eq!(line(&text, r#"controller_runtime_reconcile_time_seconds_count{controller="foo"}"#).split(' ').last(), Some("2"));
+        assert_eq!(
+            line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="success"}"#).rsplit(' ').next(),
+            Some("1")
+        );
+        assert_eq!(
+            line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="error"}"#).rsplit(' ').next(),
+            Some("1")
+        );
+        assert_eq!(
+            line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="requeue"}"#).rsplit(' ').next(),
+            Some("0")
+        );
+        assert_eq!(
+            line(&text, r#"controller_runtime_reconcile_errors_total{controller="foo"}"#).rsplit(' ').next(),
+            Some("1")
+        );
+        assert_eq!(
+            line(&text, r#"controller_runtime_reconcile_time_seconds_count{controller="foo"}"#).rsplit(' ').next(),
+            Some("2")
+        );
     }
 
     #[test]

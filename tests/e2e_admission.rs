@@ -42,15 +42,33 @@ async fn invalid_foos_are_rejected_with_a_clear_message() {
     let ns = TestNamespace::new("invalid").await;
     let _controller = start_controller(ns.client.clone(), Some(&ns.name));
     let cases = [
-        (json!({ "deploymentName": "d", "replicas": 0 }), "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1"),
-        (json!({ "deploymentName": "d", "replicas": 11 }), "spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10"),
+        (
+            json!({ "deploymentName": "d", "replicas": 0 }),
+            "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1",
+        ),
+        (
+            json!({ "deploymentName": "d", "replicas": 11 }),
+            "spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10",
+        ),
         (json!({ "replicas": 1 }), "spec.deploymentName: Required value"),
-        (json!({ "deploymentName": "", "replicas": 1 }), "spec.deploymentName: Invalid value: \"\": spec.deploymentName in body should be at least 1 chars long"),
-        (json!({ "deploymentName": "Bad_Name", "replicas": 1 }), "must be a valid Deployment name: a DNS-1123 subdomain"),
+        (
+            json!({ "deploymentName": "", "replicas": 1 }),
+            "spec.deploymentName: Invalid value: \"\": spec.deploymentName in body should be at least 1 chars long",
+        ),
+        (
+            json!({ "deploymentName": "Bad_Name", "replicas": 1 }),
+            "must be a valid Deployment name: a DNS-1123 subdomain",
+        ),
         (json!({ "deploymentName": "-leading-dash" }), "must be a valid Deployment name"),
         (json!({ "deploymentName": "a".repeat(254) }), "spec.deploymentName: Too long"),
-        (json!({ "deploymentName": "d", "replicas": "three" }), "spec.replicas: Invalid value: \"string\": spec.replicas in body must be of type integer"),
-        (json!({ "deploymentName": 5 }), "spec.deploymentName: Invalid value: \"integer\": spec.deploymentName in body must be of type string"),
+        (
+            json!({ "deploymentName": "d", "replicas": "three" }),
+            "spec.replicas: Invalid value: \"string\": spec.replicas in body must be of type integer",
+        ),
+        (
+            json!({ "deploymentName": 5 }),
+            "spec.deploymentName: Invalid value: \"integer\": spec.deploymentName in body must be of type string",
+        ),
     ];
     for (spec, want) in cases {
         let message = rejection(create_raw(&ns, spec.clone()).await);
@@ -87,4 +105,3 @@ async fn kubectl_explains_the_rejection() {
     assert!(stderr.contains("The Foo \"bad\" is invalid"), "{stderr}");
     assert!(stderr.contains("must be a valid Deployment name"), "{stderr}");
 }
-

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
@@ -250,7 +250,10 @@ async fn in_sync_foo_causes_no_writes() {
     wait_until("a sync after the restart", TIMEOUT, || async {
         let text = restarted.metrics.encode();
         text.lines()
-            .any(|l| l.starts_with("controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}") && !l.ends_with(" 0"))
+            .any(|l| {
+                l.starts_with("controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}")
+                    && !l.ends_with(" 0")
+            })
             .then_some(())
     })
     .await;

@@ -62,11 +62,16 @@ fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operator {
         &kubeconfig_path(),
         &[
             "--leader-elect",
-            "--leader-election-id", "sample-controller-test",
-            "--leader-election-namespace", ns,
-            "--leader-elect-lease-duration", &secs,
-            "--leader-elect-renew-deadline", &deadline,
-            "--leader-elect-retry-period", "1s",
+            "--leader-election-id",
+            "sample-controller-test",
+            "--leader-election-namespace",
+            ns,
+            "--leader-elect-lease-duration",
+            &secs,
+            "--leader-elect-renew-deadline",
+            &deadline,
+            "--leader-elect-retry-period",
+            "1s",
         ],
         &format!("{ns}-{name}"),
     )
@@ -108,7 +113,7 @@ async fn one_leader(ops: &[&Operator]) -> usize {
         let mut leaders = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             match metric(op, LEADER_SERIES).await {
-                Some(v) if v == 1.0 => leaders.push(i),
+                Some(1.0) => leaders.push(i),
                 Some(_) => {}
                 None => return None, // not up yet
             }
@@ -163,7 +168,8 @@ async fn killed_leader_is_replaced_within_the_lease_duration() {
     let killed = Instant::now();
     dead.child.wait().unwrap();
     create_foo(&ns, "after-crash").await;
-    wait_until("the standby to reconcile the new Foo", TIMEOUT, || async { deployment(&ns, "after-crash").await }).await;
+    wait_until("the standby to reconcile the new Foo", TIMEOUT, || async { deployment(&ns, "after-crash").await })
+        .await;
     let took = killed.elapsed();
     println!("takeover after kill -9: {took:?} (lease duration {LEASE:?})");
     // The lease duration, plus a retry period and the sync itself, with
@@ -272,7 +278,12 @@ async fn readyz_is_unavailable_until_caches_sync() {
 
     kubectl_ok(&["apply", "-f", "deploy/02-clusterrole.yaml"]);
     kubectl_ok(&[
-        "-n", &ns.name, "create", "rolebinding", "late-rbac", "--clusterrole=sample-controller",
+        "-n",
+        &ns.name,
+        "create",
+        "rolebinding",
+        "late-rbac",
+        "--clusterrole=sample-controller",
         &format!("--serviceaccount={}:{sa}", ns.name),
     ]);
     wait_until("/readyz to turn 200 once the cache syncs", TIMEOUT, || async {

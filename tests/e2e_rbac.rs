@@ -41,13 +41,21 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
     let admin = admin_client().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     wait_until("the operator's 2 pods to be admitted", TIMEOUT, || async {
-        let n = pods.list(&ListParams::default().labels("app.kubernetes.io/name=sample-controller")).await.ok()?.items.len();
+        let n = pods
+            .list(&ListParams::default().labels("app.kubernetes.io/name=sample-controller"))
+            .await
+            .ok()?
+            .items
+            .len();
         (n == 2).then_some(())
     })
     .await;
     let rs: Api<ReplicaSet> = Api::namespaced(admin.clone(), NS);
     let rs = rs.list(&ListParams::default()).await.unwrap().items;
-    let failure = rs.iter().flat_map(|r| r.status.iter().flat_map(|s| s.conditions.iter().flatten())).find(|c| c.type_ == "ReplicaFailure");
+    let failure = rs
+        .iter()
+        .flat_map(|r| r.status.iter().flat_map(|s| s.conditions.iter().flatten()))
+        .find(|c| c.type_ == "ReplicaFailure");
     assert!(failure.is_none(), "pods refused: {failure:?}");
     // ...and the namespace really enforces it: a plain pod (root allowed,
     // no seccomp profile, capabilities kept) is refused there.
@@ -65,9 +73,12 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
     let ns = TestNamespace::new("rbac").await;
     let _kubelet = fake_kubelet(&ns);
     let foos: Api<Foo> = ns.api();
-    foos.create(&PostParams::default(), &Foo::new("example-foo", FooSpec { deployment_name: "first".into(), replicas: Some(1) }))
-        .await
-        .unwrap();
+    foos.create(
+        &PostParams::default(),
+        &Foo::new("example-foo", FooSpec { deployment_name: "first".into(), replicas: Some(1) }),
+    )
+    .await
+    .unwrap();
     // Create (with blockOwnerDeletion, which OwnerReferencesPermissionEnforcement
     // checks against foos/finalizers), status, events.
     wait_until("status written by the ServiceAccount", TIMEOUT, || async {
@@ -95,7 +106,8 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
     assert_eq!(foo.status.unwrap().observed_generation, Some(2));
     // (Not the global error counter: this controller also sees Foos that
     // other test binaries left in namespaces being deleted.)
-    let warnings: Vec<_> = ns.events_for("example-foo").await.into_iter().filter(|e| e.starts_with("Warning")).collect();
+    let warnings: Vec<_> =
+        ns.events_for("example-foo").await.into_iter().filter(|e| e.starts_with("Warning")).collect();
     assert!(warnings.is_empty(), "{warnings:?}");
     drop(controller);
 

@@ -10,8 +10,8 @@ use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::client::Body;
 use kube::Client;
+use kube::client::Body;
 use sample_controller::controller::{Context, reconcile};
 use sample_controller::decision::decide;
 use sample_controller::deployment::desired_deployment;
@@ -64,6 +64,9 @@ fn not_found() -> (StatusCode, Value) {
     (StatusCode::NOT_FOUND, status)
 }
 
+/// A check of a write's JSON body.
+type BodyCheck = Box<dyn Fn(&Value) + Send>;
+
 /// One request the sync must make, checked and answered.
 struct Expect {
     method: Method,
@@ -71,7 +74,7 @@ struct Expect {
     /// A query-string fragment the request must carry.
     query: Option<&'static str>,
     /// Checks the JSON body of a write.
-    body: Option<Box<dyn Fn(&Value) + Send>>,
+    body: Option<BodyCheck>,
     reply: (StatusCode, Value),
 }
 
@@ -98,7 +101,9 @@ async fn serve(handle: &mut ApiHandle, scenario: Vec<Expect>) {
             check(&body);
         }
         let (code, body) = want.reply;
-        send.send_response(Response::builder().status(code).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap());
+        send.send_response(
+            Response::builder().status(code).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap(),
+        );
     }
 }
 
