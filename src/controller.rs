@@ -230,7 +230,7 @@ async fn execute(foo: &Foo, key: &str, deployments: &Api<Deployment>, plan: &Pla
     }
 
     if let Some(status) = &plan.status {
-        let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), deployments.namespace().unwrap_or_default());
+        let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &foo.namespace().unwrap_or_default());
         let patch = json!({ "status": status });
         match foos.patch_status(&foo.name_any(), &params, &Patch::Merge(&patch)).await {
             Ok(_) => {}
