@@ -205,7 +205,7 @@ fn normal(reason: &'static str, message: String) -> EventSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{foo, foreign_deployment, owned_deployment};
+    use crate::testing::{foo, foreign_deployment, owned_deployment};
     use k8s_openapi::jiff::Timestamp;
 
     fn now() -> Time {

@@ -109,7 +109,7 @@ pub fn available_replicas(deployment: &Deployment) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{foo, foreign_deployment};
+    use crate::testing::{foo, foreign_deployment};
 
     #[test]
     fn desired_deployment_matches_upstream_new_deployment() {

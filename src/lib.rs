@@ -19,8 +19,8 @@ pub mod leader;
 pub mod metrics;
 pub mod telemetry;
 
-#[cfg(test)]
-mod test_support;
+#[doc(hidden)]
+pub mod testing;
 
 pub use foo::{Foo, FooSpec, FooStatus};
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Method, Request, Response, StatusCode};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::client::Body;
@@ -16,42 +16,15 @@ use sample_controller::controller::{Context, reconcile};
 use sample_controller::decision::decide;
 use sample_controller::deployment::desired_deployment;
 use sample_controller::metrics::Metrics;
-use sample_controller::{Error, Foo, FooSpec};
+use sample_controller::testing::{foo, foreign_deployment, owned_deployment};
+use sample_controller::{Error, Foo};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
 fn example_foo(replicas: i32) -> Foo {
-    let mut foo = Foo::new("example-foo", FooSpec { deployment_name: "example-foo".into(), replicas: Some(replicas) });
-    foo.metadata.namespace = Some("default".into());
-    foo.metadata.uid = Some("7c2c3a7e-0000-4000-8000-000000000001".into());
-    foo.metadata.generation = Some(1);
-    foo.metadata.resource_version = Some("1".into());
-    foo
-}
-
-fn owned_deployment(foo: &Foo, replicas: i32, available: i32) -> Deployment {
-    let mut d = desired_deployment(foo).unwrap();
-    d.metadata.uid = Some("dep-uid".into());
-    d.metadata.resource_version = Some("42".into());
-    d.spec.as_mut().unwrap().replicas = Some(replicas);
-    d.status = Some(DeploymentStatus { available_replicas: Some(available), ..Default::default() });
-    d
-}
-
-fn foreign_deployment() -> Deployment {
-    Deployment {
-        metadata: ObjectMeta {
-            name: Some("example-foo".into()),
-            namespace: Some("default".into()),
-            uid: Some("foreign-uid".into()),
-            resource_version: Some("7".into()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(DeploymentSpec { replicas: Some(1), ..DeploymentSpec::default() }),
-        status: None,
-    }
+    foo("example-foo", "example-foo", Some(replicas))
 }
 
 fn list(items: Vec<Deployment>) -> Value {
@@ -197,7 +170,7 @@ async fn updates_deployment_replicas() {
             query: Some("fieldManager=sample-controller"),
             // Only replicas, conditional on the version checked for ownership.
             body: Some(Box::new(|body: &Value| {
-                assert_eq!(*body, json!({ "metadata": { "resourceVersion": "42" }, "spec": { "replicas": 3 } }));
+                assert_eq!(*body, json!({ "metadata": { "resourceVersion": "200" }, "spec": { "replicas": 3 } }));
             })),
             ..expect(Method::PATCH, DEPLOYMENT, (StatusCode::OK, serde_json::to_value(&scaled).unwrap()))
         },
@@ -210,7 +183,7 @@ async fn updates_deployment_replicas() {
 #[tokio::test]
 async fn not_controlled_by_us() {
     let foo = example_foo(3);
-    let d = foreign_deployment();
+    let d = foreign_deployment("example-foo", 1);
     let scenario = vec![
         expect(Method::GET, DEPLOYMENT, (StatusCode::OK, serde_json::to_value(&d).unwrap())),
         list_request(vec![]),

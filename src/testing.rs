@@ -1,4 +1,5 @@
-//! Builders for the plain values the unit tests feed the pure functions.
+//! Builders of Foos and Deployments as the API server returns them, shared
+//! by the unit tests and the mocked-API tests. Not part of the API.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
