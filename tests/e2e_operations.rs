@@ -208,6 +208,96 @@ async fn sigterm_releases_the_lease_and_the_standby_leads_at_once() {
     .await;
 }
 
+/// A TCP relay to the API server that can be cut, as a network partition
+/// would cut a pod off.
+struct Relay {
+    cut: tokio::sync::watch::Sender<bool>,
+}
+
+async fn relay_to_api_server() -> (Relay, String) {
+    let mut kubeconfig: serde_json::Value =
+        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
+    let server = kubeconfig["clusters"][0]["cluster"]["server"].as_str().unwrap().to_owned();
+    let target = server.trim_start_matches("https://").to_owned();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let (cut, cut_rx) = tokio::sync::watch::channel(false);
+    let mut accept_cut = cut_rx.clone();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                accepted = listener.accept() => {
+                    let Ok((mut inbound, _)) = accepted else { continue };
+                    let mut conn_cut = cut_rx.clone();
+                    let target = target.clone();
+                    tokio::spawn(async move {
+                        let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await else { return };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = conn_cut.changed() => {}
+                        }
+                    });
+                }
+                _ = accept_cut.changed() => return, // drops the listener: connections are refused
+            }
+        }
+    });
+    // The API server's certificate names 127.0.0.1, so TLS still verifies.
+    kubeconfig["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
+    let path = format!("{}/relay-{port}-kubeconfig", env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    (Relay { cut }, path)
+}
+
+#[tokio::test]
+async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
+    let ns = TestNamespace::new("partition").await;
+    let (relay, relayed_kubeconfig) = relay_to_api_server().await;
+    let lease_args = |secs: &str| {
+        vec![
+            "--leader-elect".to_owned(),
+            "--leader-election-id=sample-controller-test".to_owned(),
+            format!("--leader-election-namespace={}", ns.name),
+            format!("--leader-elect-lease-duration={secs}"),
+            "--leader-elect-renew-deadline=3s".to_owned(),
+            "--leader-elect-retry-period=1s".to_owned(),
+        ]
+    };
+    let args = lease_args("5s");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cut_off = spawn_operator(&ns.name, &relayed_kubeconfig, &args, &format!("{}-relayed", ns.name));
+    wait_until("the relayed candidate to lead", TIMEOUT, || async {
+        (metric(&cut_off, LEADER_SERIES).await? == 1.0).then_some(())
+    })
+    .await;
+    let standby = spawn_operator(&ns.name, &kubeconfig_path(), &args, &format!("{}-direct", ns.name));
+    wait_until("the standby to be up", TIMEOUT, || async {
+        (metric(&standby, LEADER_SERIES).await? == 0.0).then_some(())
+    })
+    .await;
+
+    relay.cut.send(true).unwrap();
+    let cut_at = Instant::now();
+    // It cannot renew: past the renew deadline it must stop (exit non-zero)
+    // — before the lease expires for anyone else.
+    let status = wait_until("the cut-off leader to exit", TIMEOUT, || {
+        let status = cut_off.child.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    let stopped = cut_at.elapsed();
+    println!("cut-off leader stopped after {stopped:?} (renew deadline 3s, lease 5s)");
+    assert!(!status.success(), "losing the lease must exit non-zero, got {status}");
+    assert!(stopped < LEASE, "it must stop before a standby may take over, stopped after {stopped:?}");
+    create_foo(&ns, "after-partition").await;
+    wait_until("the standby to take over and reconcile", TIMEOUT, || async {
+        deployment(&ns, "after-partition").await
+    })
+    .await;
+    assert_eq!(metric(&standby, LEADER_SERIES).await, Some(1.0));
+    std::fs::remove_file(&relayed_kubeconfig).ok();
+}
+
 #[tokio::test]
 async fn metrics_count_reconciles_and_errors() {
     let ns = TestNamespace::new("metrics").await;
