@@ -76,12 +76,6 @@ pub struct Settings {
     pub workers: u16,
 }
 
-impl Default for Settings {
-    fn default() -> Self {
-        Settings { namespace: None, workers: 2 }
-    }
-}
-
 fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
@@ -156,10 +150,7 @@ async fn sync(foo: &Foo, ctx: &Context) -> Result<Action> {
     let ns = foo.namespace().ok_or_else(|| Error::MissingNamespace(foo.name_any()))?;
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
     let name = &foo.spec.deployment_name;
-    let api_err = |action| {
-        let foo = key.clone();
-        move |source| Error::Api { foo, action, source }
-    };
+    let api_err = |action| api_error(&key, action);
 
     // Read fresh rather than from a cache, so no write is ever based on a
     // stale copy (a cache of owned Deployments would also cost memory).
@@ -192,7 +183,7 @@ async fn sync(foo: &Foo, ctx: &Context) -> Result<Action> {
 
 /// Carry out a plan: Deployment write, deletions, status, events.
 async fn execute(foo: &Foo, key: &str, deployments: &Api<Deployment>, plan: &Plan, ctx: &Context) -> Result<()> {
-    let api_err = |action| move |source| Error::Api { foo: key.to_owned(), action, source };
+    let api_err = |action| api_error(key, action);
     let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
 
     match &plan.deployment {
@@ -256,6 +247,12 @@ async fn execute(foo: &Foo, key: &str, deployments: &Api<Deployment>, plan: &Pla
         }
     }
     Ok(())
+}
+
+/// Wraps a failed API call of a Foo's sync as [`Error::Api`].
+fn api_error(foo: &str, action: &'static str) -> impl FnOnce(kube::Error) -> Error + use<> {
+    let foo = foo.to_owned();
+    move |source| Error::Api { foo, action, source }
 }
 
 fn foo_key(foo: &Foo) -> String {

@@ -54,27 +54,24 @@ fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) ->
     Operator { child, metrics, probes }
 }
 
+/// Leader-election flags for a candidate in `ns`: the renew deadline is 3/5
+/// of the lease, the retry period 1 s.
+fn election_args(ns: &str, lease_duration: Duration) -> Vec<String> {
+    let secs = lease_duration.as_secs();
+    vec![
+        "--leader-elect".into(),
+        "--leader-election-id=sample-controller-test".into(),
+        format!("--leader-election-namespace={ns}"),
+        format!("--leader-elect-lease-duration={secs}s"),
+        format!("--leader-elect-renew-deadline={}s", (secs * 3 / 5).max(1)),
+        "--leader-elect-retry-period=1s".into(),
+    ]
+}
+
 fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operator {
-    let secs = format!("{}s", lease_duration.as_secs());
-    let deadline = format!("{}s", (lease_duration.as_secs() * 3 / 5).max(1));
-    spawn_operator(
-        ns,
-        &kubeconfig_path(),
-        &[
-            "--leader-elect",
-            "--leader-election-id",
-            "sample-controller-test",
-            "--leader-election-namespace",
-            ns,
-            "--leader-elect-lease-duration",
-            &secs,
-            "--leader-elect-renew-deadline",
-            &deadline,
-            "--leader-elect-retry-period",
-            "1s",
-        ],
-        &format!("{ns}-{name}"),
-    )
+    let args = election_args(ns, lease_duration);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_operator(ns, &kubeconfig_path(), &args, &format!("{ns}-{name}"))
 }
 
 /// GET a path on localhost: (status code, body); None if nothing listens.
@@ -253,17 +250,7 @@ async fn relay_to_api_server() -> (Relay, String) {
 async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
     let ns = TestNamespace::new("partition").await;
     let (relay, relayed_kubeconfig) = relay_to_api_server().await;
-    let lease_args = |secs: &str| {
-        vec![
-            "--leader-elect".to_owned(),
-            "--leader-election-id=sample-controller-test".to_owned(),
-            format!("--leader-election-namespace={}", ns.name),
-            format!("--leader-elect-lease-duration={secs}"),
-            "--leader-elect-renew-deadline=3s".to_owned(),
-            "--leader-elect-retry-period=1s".to_owned(),
-        ]
-    };
-    let args = lease_args("5s");
+    let args = election_args(&ns.name, LEASE);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cut_off = spawn_operator(&ns.name, &relayed_kubeconfig, &args, &format!("{}-relayed", ns.name));
     wait_until("the relayed candidate to lead", TIMEOUT, || async {
