@@ -84,7 +84,7 @@ impl Plan {
 /// - `now`: the time stamped on a condition that changes status.
 pub fn decide(foo: &Foo, current: Option<&Deployment>, labelled: &[Deployment], now: &Time) -> Plan {
     let name = &foo.spec.deployment_name;
-    let Some(desired) = desired_deployment(foo).filter(|_| !name.is_empty()) else {
+    let Some(desired) = desired_deployment(foo) else {
         // Only an older CRD without validation admits this. Upstream logs
         // and drops the item; we also tell the user, on the Foo itself.
         let status = status_with(foo, 0, ready(false, REASON_INVALID_SPEC, MESSAGE_EMPTY_DEPLOYMENT_NAME), now);

@@ -32,7 +32,7 @@ async fn example_foo_gets_its_deployment_and_a_synced_event() {
     let ns = TestNamespace::new("example").await;
     let _controller = start_controller(ns.client.clone(), Some(&ns.name));
     // Upstream's example manifest, applied unchanged.
-    kubectl_ok(&["-n", &ns.name, "apply", "-f", "artifacts/examples/example-foo.yaml"]);
+    ns.kubectl_ok(&["apply", "-f", "artifacts/examples/example-foo.yaml"]);
     let foo = ns.api::<Foo>().get("example-foo").await.unwrap();
 
     let d = wait_for_deployment(&ns, "example-foo", |_| true).await;
@@ -105,7 +105,7 @@ async fn replicas_change_and_kubectl_scale_reach_the_deployment() {
     wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(3)).await;
 
     // Through the scale subresource of the Foo.
-    kubectl_ok(&["-n", &ns.name, "scale", "foo/example-foo", "--replicas=4"]);
+    ns.kubectl_ok(&["scale", "foo/example-foo", "--replicas=4"]);
     wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(4)).await;
     // The scale subresource respects the CRD's maximum.
     let out = ns.kubectl(&["scale", "foo/example-foo", "--replicas=11"]);
@@ -120,7 +120,7 @@ async fn deployment_scaled_or_deleted_by_hand_is_put_back() {
     let first = wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(2)).await;
 
     // Someone scales it: the owns() watch brings the Foo back to a sync.
-    kubectl_ok(&["-n", &ns.name, "scale", "deployment/example-foo", "--replicas=5"]);
+    ns.kubectl_ok(&["scale", "deployment/example-foo", "--replicas=5"]);
     wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(2) && d.metadata.generation >= Some(3)).await;
 
     // Someone adds a field the Foo does not own: it survives the next sync.
@@ -160,7 +160,7 @@ async fn foreign_deployment_is_never_modified() {
     })
     .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let before = kubectl_ok(&["-n", &ns.name, "get", "deployment", "example-foo", "-o", "json"]);
+    let before = ns.kubectl_ok(&["get", "deployment", "example-foo", "-o", "json"]);
 
     let _controller = start_controller(ns.client.clone(), Some(&ns.name));
     create_foo(&ns, "example-foo", "example-foo", Some(3)).await;
@@ -179,7 +179,7 @@ async fn foreign_deployment_is_never_modified() {
     assert_eq!(foo.status.unwrap().available_replicas, 0);
     // Give retries (5 ms backoff, doubling) time to happen, then compare.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let after = kubectl_ok(&["-n", &ns.name, "get", "deployment", "example-foo", "-o", "json"]);
+    let after = ns.kubectl_ok(&["get", "deployment", "example-foo", "-o", "json"]);
     assert_eq!(before, after, "the foreign Deployment must stay byte-for-byte unchanged");
 }
 

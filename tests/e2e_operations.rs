@@ -211,8 +211,8 @@ struct Relay {
     cut: tokio::sync::watch::Sender<bool>,
 }
 
-async fn relay_to_api_server() -> (Relay, String) {
-    let mut kubeconfig: serde_json::Value =
+async fn relay_to_api_server(ns: &TestNamespace) -> (Relay, String) {
+    let kubeconfig: serde_json::Value =
         serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
     let server = kubeconfig["clusters"][0]["cluster"]["server"].as_str().unwrap().to_owned();
     let target = server.trim_start_matches("https://").to_owned();
@@ -240,16 +240,16 @@ async fn relay_to_api_server() -> (Relay, String) {
         }
     });
     // The API server's certificate names 127.0.0.1, so TLS still verifies.
-    kubeconfig["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
-    let path = format!("{}/relay-{port}-kubeconfig", env!("CARGO_TARGET_TMPDIR"));
-    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    let path = ns.kubeconfig_variant("relayed", |kc| {
+        kc["clusters"][0]["cluster"]["server"] = format!("https://127.0.0.1:{port}").into();
+    });
     (Relay { cut }, path)
 }
 
 #[tokio::test]
 async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
     let ns = TestNamespace::new("partition").await;
-    let (relay, relayed_kubeconfig) = relay_to_api_server().await;
+    let (relay, relayed_kubeconfig) = relay_to_api_server(&ns).await;
     let args = election_args(&ns.name, LEASE);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let mut cut_off = spawn_operator(&ns.name, &relayed_kubeconfig, &args, &format!("{}-relayed", ns.name));
@@ -337,13 +337,11 @@ async fn readyz_is_unavailable_until_caches_sync() {
     // Run as a ServiceAccount with no rights yet: the Foo list is refused,
     // so the cache cannot sync.
     let sa = "late-rbac";
-    kubectl_ok(&["-n", &ns.name, "create", "serviceaccount", sa]);
-    let mut kubeconfig: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
-    kubeconfig["users"][0]["user"]["as"] = format!("system:serviceaccount:{}:{sa}", ns.name).into();
-    kubeconfig["users"][0]["user"]["as-groups"] = serde_json::json!(["system:serviceaccounts", "system:authenticated"]);
-    let path = format!("{}/{}-kubeconfig", env!("CARGO_TARGET_TMPDIR"), ns.name);
-    std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+    ns.kubectl_ok(&["create", "serviceaccount", sa]);
+    let path = ns.kubeconfig_variant("late-rbac", |kc| {
+        kc["users"][0]["user"]["as"] = format!("system:serviceaccount:{}:{sa}", ns.name).into();
+        kc["users"][0]["user"]["as-groups"] = serde_json::json!(["system:serviceaccounts", "system:authenticated"]);
+    });
 
     let op = spawn_operator(&ns.name, &path, &[], &format!("{}-op", ns.name));
     wait_until("/healthz to answer", TIMEOUT, || async {

@@ -97,6 +97,24 @@ impl TestNamespace {
         kubectl(&all)
     }
 
+    /// `kubectl` in this namespace that must succeed; returns its stdout.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let mut all = vec!["-n", self.name.as_str()];
+        all.extend_from_slice(args);
+        kubectl_ok(&all)
+    }
+
+    /// A copy of the control plane's kubeconfig changed by `edit`, written
+    /// under the test's target directory; returns its path.
+    pub fn kubeconfig_variant(&self, tag: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
+        let mut kubeconfig: serde_json::Value =
+            serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
+        edit(&mut kubeconfig);
+        let path = format!("{}/{}-{tag}-kubeconfig", env!("CARGO_TARGET_TMPDIR"), self.name);
+        std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+        path
+    }
+
     /// Events about the object named `name`, as "Type Reason: note".
     pub async fn events_for(&self, name: &str) -> Vec<String> {
         let api: Api<Event> = self.api();
