@@ -1,43 +1,119 @@
 #!/usr/bin/env bash
-# Benchmark: the controller's memory as Deployments it does not own pile up,
-# and its API writes in steady state. Prints numbers; asserts nothing.
+# Benchmark: what the controller costs the API server and its users, every
+# request counted from the API server's audit log by User-Agent. Prints
+# numbers; asserts nothing; not part of the tests.
 #
-#   hack/bench.sh                 # 50 Foos; 0, 1000 and 3000 foreign Deployments
-#   FOOS=100 FOREIGN="0 5000" hack/bench.sh
+#   hack/bench.sh                  # N=1000 Foos, default flags
+#   N=10000 hack/bench.sh          # scale mode: no Deployment/ReplicaSet controllers
+#   N=200 WINDOW=30 FOREIGN="1000" WORKERS=4 hack/bench.sh
 #
-# Runs on the local control plane (hack/local-up.sh), with a release build.
+# On one local control plane, in this order:
+#  1. the floor: a client making only the required writes (a Deployment
+#     create and a status write per Foo) for N Foos, at the controller's
+#     concurrency and at 16;
+#  2. N Foos created, then the controller started (release build): time to
+#     converge, its requests by verb and resource, its memory;
+#  3. a steady window once the controller-manager has stopped writing;
+#  4. EDITS spec.replicas edits, one at a time, timed from a watch;
+#  5. memory with FOREIGN Deployments of someone else's added.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
-FOOS="${FOOS:-50}"
-FOREIGN="${FOREIGN:-0 1000 3000}"
+N="${N:-1000}"
 WINDOW="${WINDOW:-60}"
+EDITS="${EDITS:-50}"
+FOREIGN="${FOREIGN:-1000 5000}"
+WORKERS="${WORKERS:-}"
+SCALE="${SCALE:-$(( N >= 5000 ))}"
+UA="sample-controller/"
+FLOOR_UA="sample-controller-floor/"
+KCM_UA="kube-controller-manager/"
 
 export LOCAL_UP_DIR="$REPO_ROOT/.local/bench-control-plane"
 trap 'kill "${pid:-}" 2>/dev/null || true; hack/local-down.sh' EXIT
+if (( SCALE )); then
+  # The run measures this controller, not the controller-manager's own
+  # rate limits creating ReplicaSets and Pods.
+  export LOCAL_UP_CONTROLLERS='*,-deployment-controller,-replicaset-controller'
+fi
+mkdir -p .local
+AUDIT="$REPO_ROOT/.local/bench-audit.log"
+rm -f "$AUDIT"
+export LOCAL_UP_AUDIT_LOG="$AUDIT"
 eval "$(hack/local-up.sh)"
 kubectl apply -f crds/ >/dev/null
 kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >/dev/null
-log "release build"
+log "release builds"
 cargo build --locked --release --quiet --bin sample-controller
+cargo bench --locked --quiet --no-run --bench floor --bench edit_latency 2>/dev/null
 BIN="$REPO_ROOT/target/release/sample-controller"
+workers_flag=()
+[[ -n "$WORKERS" ]] && workers_flag=(--workers "$WORKERS")
+WORKERS_USED="${WORKERS:-$("$BIN" --help | sed -n 's/.*\[default: \([0-9]*\)\].*/\1/p' | head -n1)}"
 
-kubectl create namespace bench-foos >/dev/null
-kubectl create namespace bench-foreign >/dev/null
-python3 - "$FOOS" <<'PY' | kubectl create -f - >/dev/null
+audit() { local cmd=$1; shift; python3 hack/audit.py "$cmd" "$AUDIT" "$@"; }
+create_foos() { # namespace count
+  kubectl create namespace "$1" >/dev/null
+  python3 - "$1" "$2" <<'PY' | kubectl create -f - >/dev/null
 import json, sys
-n = int(sys.argv[1])
+ns, n = sys.argv[1], int(sys.argv[2])
 items = [{"apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
-          "metadata": {"name": f"foo-{i}", "namespace": "bench-foos"},
+          "metadata": {"name": f"foo-{i}", "namespace": ns},
           "spec": {"deploymentName": f"foo-{i}", "replicas": 1}} for i in range(n)]
 print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 PY
+}
+settle() { # until the controller-manager has stopped writing
+  audit quiet "$KCM_UA" 5 1800 >/dev/null
+}
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$@"; }
 
+declare -A floor_secs
+for c in "$WORKERS_USED" 16; do
+  [[ -n "${floor_secs[$c]:-}" ]] && continue
+  log "floor: $N Foos at concurrency $c"
+  create_foos "floor-$c" "$N"
+  settle
+  cargo bench --locked --quiet --bench floor -- "floor-$c" "$c" 2>/dev/null >&2
+  read -r t0 t1 < <(audit wait-converged "$FLOOR_UA" "floor-$c" "$N" 600)
+  floor_secs[$c]=$(elapsed "$t0" "$t1")
+  settle
+done
+
+log "controller: $N Foos"
+create_foos bench "$N"
+settle
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$BIN" --namespace bench "${workers_flag[@]}" --metrics-bind-address "127.0.0.1:$port" --health-probe-bind-address 0 \
+  > .local/bench-controller.log 2>&1 &
+pid=$!
+read -r start converged < <(audit wait-converged "$UA" bench "$N" 1800)
+ours=$(elapsed "$start" "$converged")
+rss() { awk '$1 == "VmRSS:" {printf "%.1f", $2 / 1024}' "/proc/$pid/status"; }
+sleep 2
+rss_converged=$(rss)
+
+log "waiting for the controller-manager to settle"
+steady_from=$(audit quiet "$KCM_UA" 10 1800)
+steady_from=$(python3 -c "import time; print(max(time.time(), $steady_from))")
+mapfile -t converging < <(audit count "$UA" bench "$start" "$steady_from")
+log "steady window: ${WINDOW}s"
+sleep "$WINDOW"
+steady_to=$(python3 -c "print($steady_from + $WINDOW)")
+mapfile -t steady < <(audit count "$UA" "" "$steady_from" "$steady_to")
+
+log "$EDITS edits"
+edits_from=$(date +%s.%N)
+latency=$(cargo bench --locked --quiet --bench edit_latency -- bench "$EDITS" 2>/dev/null)
+sleep 2
+mapfile -t edit_requests < <(audit count "$UA" "" "$edits_from" "$(date +%s.%N)")
+
+rss_foreign=()
 have=0
-add_foreign() { # up to $1 Deployments of someone else's (replicas 0: no pods)
-  local want=$1
-  (( want > have )) || return 0
-  python3 - "$have" "$want" <<'PY' | kubectl create -f - >/dev/null
+for n in $FOREIGN; do
+  log "adding Deployments of someone else's: $n"
+  kubectl get namespace bench-foreign >/dev/null 2>&1 || kubectl create namespace bench-foreign >/dev/null
+  python3 - "$have" "$n" <<'PY' | kubectl create -f - >/dev/null
 import json, sys
 lo, hi = int(sys.argv[1]), int(sys.argv[2])
 labels = {"app": "other-team"}
@@ -50,62 +126,29 @@ items = [{"apiVersion": "apps/v1", "kind": "Deployment",
          for i in range(lo, hi)]
 print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 PY
-  have=$want
-}
-
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-start_controller() {
-  "$BIN" --metrics-bind-address "127.0.0.1:$port" --health-probe-bind-address 0 > "$LOCAL_UP_DIR/logs/bench-controller.log" 2>&1 &
-  pid=$!
-  # Synced: every Foo reconciled at least once.
-  for _ in $(seq 1 600); do
-    local synced
-    synced=$(curl -fsS "127.0.0.1:$port/metrics" 2>/dev/null | awk '/^controller_runtime_reconcile_total\{controller="foo",result="success"\}/ {print $2}')
-    (( ${synced:-0} >= FOOS )) && return 0
-    sleep 0.2
-  done
-  die "the controller did not sync $FOOS Foos"
-}
-stop_controller() { kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=; }
-kib() { awk -v k="$1" '$1 == k":" {print $2}' "/proc/$pid/status"; }
-snapshot() { # what the controller may write in the Foos' namespace, one line per object version
-  kubectl get foos,deployments,events.events.k8s.io -n bench-foos -o json | python3 -c '
-import json, sys
-for o in json.load(sys.stdin)["items"]:
-    m, kind = o["metadata"], o["kind"]
-    if kind == "Foo":  # only the controller writes Foos (status)
-        version = m["resourceVersion"]
-    elif kind == "Deployment":  # the Deployment controller keeps writing status: compare our fields only
-        ours = [f.get("time") for f in m.get("managedFields", []) if f.get("manager") == "sample-controller"]
-        version = "%s/%s" % (m.get("generation"), ours)
-    elif o.get("reportingController") == "sample-controller":
-        version = m["resourceVersion"]
-    else:
-        continue
-    print(m["uid"], version.replace(" ", ""), kind + "/" + m["name"])
-' | sort
-}
-
-printf '\n%-22s %-20s %-20s %s\n' "foreign Deployments" "RSS after sync MiB" "peak RSS MiB" "Foos"
-for n in $FOREIGN; do
-  add_foreign "$n"
-  start_controller
-  sleep 3
-  awk -v n="$n" -v rss="$(kib VmRSS)" -v hwm="$(kib VmHWM)" -v foos="$FOOS" \
-    'BEGIN {printf "%-22s %-20.1f %-20.1f %s\n", n, rss / 1024, hwm / 1024, foos}'
-  stop_controller
+  have=$n
+  sleep 5
+  rss_foreign+=("$n:$(rss)")
 done
+peak=$(awk '$1 == "VmHWM:" {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
+kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
 
-# Objects the controller created or changed across a restart (a full
-# resync of every Foo, all already in sync) and the window after it.
-snapshot > "$LOCAL_UP_DIR/before"
-start_controller
-sleep "$WINDOW"
-snapshot > "$LOCAL_UP_DIR/after"
-stop_controller
-written=$(comm -13 "$LOCAL_UP_DIR/before" "$LOCAL_UP_DIR/after" | wc -l)
-comm -13 "$LOCAL_UP_DIR/before" "$LOCAL_UP_DIR/after" | cut -d' ' -f3 | sed 's/^/  written: /'
+per_foo() { python3 -c "import sys; print(f'{int(sys.argv[1]) / int(sys.argv[2]):.2f}')" "$@"; }
+ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$@"; }
 echo
-echo "Objects written (Foos, Deployments, Events) by a restart that resyncs $FOOS in-sync Foos, and ${WINDOW}s after: $written"
-echo "(upstream sample-controller writes each Foo's status and a Synced event on every 30 s resync:"
-echo " $((FOOS * 2 * WINDOW / 30)) writes in the same window)"
+echo "sample-controller benchmark: N=$N Foos, --workers $WORKERS_USED$( ((SCALE)) && echo ', scale mode (no Deployment/ReplicaSet controllers)')"
+echo
+printf '%-58s %s\n' "converged (every Foo has its Deployment and status)" "${ours}s"
+printf '%-58s %s\n' "floor at concurrency $WORKERS_USED (creates + status writes only)" "${floor_secs[$WORKERS_USED]}s  (ours: $(ratio "$ours" "${floor_secs[$WORKERS_USED]}")x)"
+printf '%-58s %s\n' "floor at concurrency 16" "${floor_secs[16]}s  (ours: $(ratio "$ours" "${floor_secs[16]}")x)"
+printf '%-58s %s\n' "requests while converging" "${converging[0]}  ($(per_foo "${converging[0]}" "$N") per Foo)"
+printf '    %s\n' "${converging[@]:1}"
+printf '%-58s %s\n' "requests in the steady window (${WINDOW}s)" "${steady[0]}  ($(python3 -c "print(f'{${steady[0]} * 60 / $WINDOW:.1f}')") per minute)"
+(( ${#steady[@]} > 1 )) && printf '    %s\n' "${steady[@]:1}"
+printf '%-58s %s\n' "Foo spec.replicas edit -> Deployment updated" "${latency#*: }"
+printf '%-58s %s\n' "requests for $EDITS edits" "${edit_requests[0]}  ($(per_foo "${edit_requests[0]}" "$EDITS") per edit)"
+printf '%-58s %s\n' "RSS after convergence" "$rss_converged MiB"
+for entry in "${rss_foreign[@]}"; do
+  printf '%-58s %s\n' "RSS with ${entry%%:*} Deployments of someone else's" "${entry#*:} MiB"
+done
+printf '%-58s %s\n' "peak RSS" "$peak MiB"

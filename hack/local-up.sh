@@ -11,6 +11,10 @@
 #
 # LOCAL_UP_DIR chooses where state, logs and the kubeconfig go (default
 # .local/control-plane in the repo), so several planes can run side by side.
+# LOCAL_UP_AUDIT_LOG=PATH makes the API server write an audit log (Metadata
+# level, one JSON line per request: verb, resource, user, User-Agent), for
+# counting each client's requests. LOCAL_UP_CONTROLLERS sets
+# kube-controller-manager's --controllers (default '*').
 # The binaries come from hack/build-control-plane.sh (or KUBEBUILDER_ASSETS).
 # All output but the final export line goes to stderr.
 set -euo pipefail
@@ -121,6 +125,18 @@ start etcd --name local --data-dir "$DIR/etcd" \
   --unsafe-no-fsync --listen-metrics-urls "" --log-level warn
 wait_for etcd 60 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
 
+audit_flags=()
+if [[ -n "${LOCAL_UP_AUDIT_LOG:-}" ]]; then
+  cat > "$DIR/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+- level: Metadata
+POLICY
+  audit_flags=(--audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$LOCAL_UP_AUDIT_LOG" --audit-log-format json)
+fi
+
 log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
 # OwnerReferencesPermissionEnforcement is off by default but on in some
 # distributions; enabling it proves the RBAC in deploy/ covers it.
@@ -135,6 +151,7 @@ start kube-apiserver \
   --authorization-mode RBAC \
   --enable-admission-plugins OwnerReferencesPermissionEnforcement \
   --endpoint-reconciler-type none \
+  "${audit_flags[@]}" \
   --v 1
 wait_for kube-apiserver 120 curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
   "https://127.0.0.1:$APISERVER_PORT/readyz"
@@ -146,7 +163,7 @@ start kube-controller-manager \
   --authentication-kubeconfig "$DIR/admin.kubeconfig" --authorization-kubeconfig "$DIR/admin.kubeconfig" \
   --secure-port 0 --leader-elect=false \
   --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
-  --controllers '*' --v 1
+  --controllers "${LOCAL_UP_CONTROLLERS:-*}" --v 1
 # The ServiceAccount controller creating "default" proves the controller
 # manager is running its loops; pods cannot be created before it.
 wait_for kube-controller-manager 120 kubectl --kubeconfig "$DIR/admin.kubeconfig" get serviceaccount default -n default

@@ -11,11 +11,15 @@ use kube::Client;
 use tracing::{error, info};
 
 use crate::cli::{Cli, parse_bind_address};
+use crate::constants::USER_AGENT;
 use crate::controller::{self, Context, Settings};
 use crate::http::{self, Readiness};
 use crate::leader::{Elector, LeaderConfig, default_identity};
 use crate::metrics::Metrics;
 use crate::{Error, Result};
+
+/// How long a graceful shutdown waits for queued Events to be sent.
+const EVENT_FLUSH_GRACE: Duration = Duration::from_secs(5);
 
 /// A future that resolves once SIGTERM or SIGINT arrives; cloneable.
 pub type Shutdown = Shared<futures::future::BoxFuture<'static, ()>>;
@@ -57,7 +61,9 @@ async fn wait_for_signal() {
 /// (returns an error, so the process exits non-zero and is restarted as a
 /// standby — as client-go and controller-runtime do).
 pub async fn run(cli: Cli) -> Result<()> {
-    let client = Client::try_from(cli.kube_config().await?).map_err(Error::Client)?;
+    let mut config = cli.kube_config().await?;
+    config.headers.push((::http::header::USER_AGENT, ::http::HeaderValue::from_static(USER_AGENT)));
+    let client = Client::try_from(config).map_err(Error::Client)?;
     let metrics = Arc::new(Metrics::new());
     metrics.set_max_workers(cli.workers);
     let readiness = Arc::new(Readiness::default());
@@ -70,10 +76,10 @@ pub async fn run(cli: Cli) -> Result<()> {
     let shutdown = shutdown_signal();
     let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers };
     let identity = default_identity();
-    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), Some(identity.clone())));
+    let instance = Some(identity.clone());
 
     if !cli.leader_elect {
-        run_controller(&client, &settings, ctx, &readiness, shutdown).await;
+        run_controller(&client, &settings, &metrics, instance, &readiness, shutdown).await;
         return Ok(());
     }
 
@@ -97,7 +103,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     metrics.set_leader(&lease, true);
     let result = tokio::select! {
         // Graceful shutdown: in-flight syncs finished, then hand over.
-        _ = run_controller(&client, &settings, ctx, &readiness, shutdown) => {
+        _ = run_controller(&client, &settings, &metrics, instance, &readiness, shutdown) => {
             elector.release().await;
             Ok(())
         }
@@ -112,35 +118,27 @@ pub async fn run(cli: Cli) -> Result<()> {
     result
 }
 
-/// Start the controller and report readiness once its Foo cache is filled.
+/// Run the controller until `shutdown`, reporting readiness once its caches
+/// are filled; then send the Events still queued. If the future is dropped
+/// instead (lost leadership), queued Events are dropped with it.
 async fn run_controller(
     client: &Client,
     settings: &Settings,
-    ctx: Arc<Context>,
+    metrics: &Arc<Metrics>,
+    instance: Option<String>,
     readiness: &Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let controller = controller::build(client, settings);
-    let store = controller.store();
+    let (controller, caches) = controller::build(client, settings);
+    let ctx = Arc::new(Context::new(client.clone(), caches.clone(), metrics.clone(), instance));
     readiness.controller_starting();
     let readiness = readiness.clone();
     let synced = tokio::spawn(async move {
-        // Re-poll rather than wait once: the store's readiness is a oneshot
-        // that keeps a single waker, and the controller's own runner, which
-        // waits on it too, takes that waker — a lone waiter here would
-        // never be woken (kube-runtime 5.0).
-        loop {
-            match tokio::time::timeout(Duration::from_millis(250), store.wait_until_ready()).await {
-                Ok(Ok(())) => {
-                    info!("caches synced");
-                    readiness.caches_synced();
-                    return;
-                }
-                Ok(Err(_)) => return, // controller gone
-                Err(_) => {}
-            }
-        }
+        caches.synced().await;
+        info!("caches synced");
+        readiness.caches_synced();
     });
-    controller::run(controller, ctx, shutdown).await;
+    controller::run(controller, ctx.clone(), shutdown).await;
     synced.abort();
+    ctx.events.flush(EVENT_FLUSH_GRACE).await;
 }

@@ -7,6 +7,10 @@
 /// same name, so managedFields read the same after swapping the binaries.
 pub const FIELD_MANAGER: &str = "sample-controller";
 
+/// `User-Agent` of every request, so the API server's audit log and API
+/// Priority and Fairness can tell this operator from other clients.
+pub const USER_AGENT: &str = concat!("sample-controller/", env!("CARGO_PKG_VERSION"));
+
 /// `reportingController` of emitted Events.
 pub const CONTROLLER_NAME: &str = "sample-controller";
 

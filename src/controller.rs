@@ -1,6 +1,6 @@
-//! The kube-runtime wiring: watch Foos and the Deployments they own, read
-//! what a sync needs, ask [`decide`] what to do, carry out its plan. No
-//! decision is made here — only API calls, events, logs and metrics.
+//! The kube-runtime wiring: watch Foos and the Deployments they own into
+//! caches, ask [`decide`] what a sync does, carry out its plan. No decision
+//! is made here — only cache reads, API writes, events, logs and metrics.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -11,18 +11,21 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
+use kube::runtime::utils::ResetTimerBackoff;
+use kube::runtime::watcher::{self, ExponentialBackoff, watcher};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, error, info, warn};
 
+use crate::cache::{Cache, trim_deployment, trim_foo};
 use crate::constants::*;
 use crate::decision::{DeploymentAction, Outcome, Plan, decide};
-use crate::deployment::{foo_selector, managed_selector};
+use crate::deployment::{is_controlled_by, managed_selector};
+use crate::events::Publisher;
 use crate::foo::Foo;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
@@ -32,10 +35,27 @@ use crate::{Error, Result};
 pub const BACKOFF_BASE: Duration = Duration::from_millis(5);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(1000);
 
+/// What the controller knows of the cluster, filled by its watches.
+#[derive(Clone)]
+pub struct Caches {
+    pub foos: Arc<Cache<Foo>>,
+    /// Only the Deployments labelled as made by this controller.
+    pub deployments: Arc<Cache<Deployment>>,
+}
+
+impl Caches {
+    /// Resolves once both caches hold their first full list.
+    pub async fn synced(&self) {
+        self.foos.synced().await;
+        self.deployments.synced().await;
+    }
+}
+
 /// Shared by all reconciles.
 pub struct Context {
     pub client: Client,
-    pub recorder: Recorder,
+    pub caches: Caches,
+    pub events: Publisher,
     pub metrics: Arc<Metrics>,
     /// Consecutive failures per Foo, for exponential backoff; cleared by the
     /// next successful sync.
@@ -43,14 +63,20 @@ pub struct Context {
 }
 
 impl Context {
-    pub fn new(client: Client, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
-        let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance };
-        Context { recorder: Recorder::new(client.clone(), reporter), client, metrics, failures: Mutex::default() }
+    /// `instance` is the Events' `reportingInstance`.
+    pub fn new(client: Client, caches: Caches, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
+        let events = Publisher::start(client.clone(), instance);
+        Context { client, caches, events, metrics, failures: Mutex::default() }
     }
 
     /// The delay before the next retry of `foo`, counting this failure.
     fn next_backoff(&self, foo: ObjectRef<Foo>) -> Duration {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if !failures.contains_key(&foo) {
+            // Forget Foos deleted while failing, so the map stays as small as
+            // the set of failing Foos.
+            failures.retain(|f, _| self.caches.foos.get(f).is_some());
+        }
         let n = failures.entry(foo).or_insert(0);
         let delay = backoff_delay(*n);
         *n = n.saturating_add(1);
@@ -86,17 +112,42 @@ where
     }
 }
 
-/// Build the controller: Foos, and the Deployments labelled as made by it.
-/// Its store turns ready once the Foo cache is filled (for `/readyz`).
-pub fn build(client: &Client, settings: &Settings) -> Controller<Foo> {
-    let foos: Api<Foo> = api(client, settings.namespace.as_deref());
-    let deployments: Api<Deployment> = api(client, settings.namespace.as_deref());
-    Controller::new(foos, watcher::Config::default())
-        // Only our Deployments: upstream's informer caches every Deployment
-        // in the cluster. Owned ones are not cached here either — a sync
-        // reads the one it needs fresh — so memory grows with Foos alone.
-        .owns(deployments, watcher::Config::default().labels(&managed_selector()))
-        .with_config(ControllerConfig::default().concurrency(settings.workers))
+/// Reconnect delay of the watches after an error: 200 ms doubling to 1 s,
+/// each with up to as much again of random jitter, back to 200 ms after 30 s
+/// without errors. A returning API server is noticed within about 2 s; one
+/// that stays down sees one attempt every 1–2 s, spread out by the jitter.
+/// (kube-runtime's default, client-go's 800 ms .. 30 s, left the controller
+/// idle for up to 30 s after an outage.)
+pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
+    let exponential = backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(1))
+        .with_factor(2.0)
+        .with_jitter()
+        .without_max_times();
+    ResetTimerBackoff::new(exponential.into(), Duration::from_secs(30))
+}
+
+/// Build the controller and the caches its syncs read: Foos, and the
+/// Deployments labelled as made by it (upstream's informer caches every
+/// Deployment in the cluster; other people's never reach this one).
+pub fn build(client: &Client, settings: &Settings) -> (Controller<Foo>, Caches) {
+    // `any_semantic`: the first list is served from the API server's watch
+    // cache instead of a quorum read of etcd.
+    let foo_watch = watcher::Config::default().any_semantic();
+    let deployment_watch = watcher::Config::default().labels(&managed_selector()).any_semantic();
+    let (foos, foo_writer) = Cache::new();
+    let (deployments, deployment_writer) = Cache::new();
+    let foo_events = watcher(api::<Foo>(client, settings.namespace.as_deref()), foo_watch);
+    let deployment_events = watcher(api::<Deployment>(client, settings.namespace.as_deref()), deployment_watch);
+
+    let controller =
+        Controller::for_stream(foos.reflect(foo_writer, foo_events, trim_foo).applied_objects(), foos.store())
+            // Deletions too: a Deployment deleted by hand is put back.
+            .owns_stream(deployments.reflect(deployment_writer, deployment_events, trim_deployment).touched_objects())
+            .trigger_backoff(watch_backoff())
+            .with_config(ControllerConfig::default().concurrency(settings.workers));
+    (controller, Caches { foos, deployments })
 }
 
 /// Run `controller` until `shutdown` resolves, then let in-flight syncs
@@ -106,16 +157,20 @@ pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
+    use kube::runtime::controller::Error as ControllerError;
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| async move {
             match res {
                 Ok((obj, _)) => debug!(foo = %obj, "synced"),
-                // Sync failures are logged by error_policy; what is left are
-                // watch errors, which the watcher retries by itself.
-                Err(kube::runtime::controller::Error::ReconcilerFailed(..)) => {}
-                Err(e) => warn!(error = %e, "controller stream"),
+                // Sync failures are logged by error_policy.
+                Err(ControllerError::ReconcilerFailed(..)) => {}
+                // A Deployment of a deleted Foo went away (the garbage
+                // collector at work): nothing to sync, nothing to report.
+                Err(ControllerError::ObjectNotFound(obj)) => debug!(foo = %obj, "Foo deleted"),
+                // The watches retry by themselves, with backoff.
+                Err(e) => info!(error = %e, "watch interrupted; reconnecting"),
             }
         })
         .await;
@@ -126,10 +181,11 @@ pub async fn run(
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     let _active = ctx.metrics.worker_started();
     let started = Instant::now();
-    let result = sync(&foo, &ctx).await;
+    let obj = ObjectRef::from_obj(&*foo);
+    let result = sync(foo, &ctx).await;
     ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref().err());
     if result.is_ok() {
-        ctx.reset_backoff(&ObjectRef::from_obj(&*foo));
+        ctx.reset_backoff(&obj);
     }
     result
 }
@@ -139,124 +195,177 @@ pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
     let delay = ctx.next_backoff(ObjectRef::from_obj(&*foo));
     match err {
         Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
+        // Our cached copy was behind; the retry reads the newer one.
+        e if e.is_conflict() => info!(error = %err, retry_in = ?delay, "object changed since cached; retrying"),
         _ => error!(error = %err, retry_in = ?delay, "sync failed"),
     }
     Action::requeue(delay)
 }
 
-/// Read, decide, act.
-async fn sync(foo: &Foo, ctx: &Context) -> Result<Action> {
-    let key = foo_key(foo);
-    let ns = foo.namespace().ok_or_else(|| Error::MissingNamespace(foo.name_any()))?;
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let name = &foo.spec.deployment_name;
-    let api_err = |action| api_error(&key, action);
+/// Which Foo a sync is about, worked out once.
+struct Target {
+    namespace: String,
+    name: String,
+    /// `namespace/name`, for logs and errors.
+    key: String,
+}
 
-    // Read fresh rather than from a cache, so no write is ever based on a
-    // stale copy (a cache of owned Deployments would also cost memory).
-    let (current, labelled) = if name.is_empty() {
-        (None, Vec::new())
-    } else {
-        let current = deployments.get_opt(name).await.map_err(api_err("get Deployment"))?;
-        // `match_any` lets the API server answer from its watch cache.
-        let lp = ListParams::default().labels(&foo_selector(&foo.name_any())).match_any();
-        let labelled = deployments.list(&lp).await.map_err(api_err("list Deployments"))?.items;
-        (current, labelled)
-    };
-
-    let plan = decide(foo, current.as_ref(), &labelled, &Time(Timestamp::now()));
-    if plan.writes() {
-        info!(foo = %key, plan = %summary(&plan), "syncing");
+impl Target {
+    fn of(foo: &Foo) -> Result<Self> {
+        let name = foo.name_any();
+        let namespace = foo.namespace().ok_or_else(|| Error::MissingNamespace(name.clone()))?;
+        Ok(Target { key: format!("{namespace}/{name}"), namespace, name })
     }
-    execute(foo, &key, &deployments, &plan, ctx).await?;
+
+    fn api_error(&self, action: &'static str) -> impl FnOnce(kube::Error) -> Error + use<> {
+        let foo = self.key.clone();
+        move |source| Error::Api { foo, action, source }
+    }
+}
+
+/// Read the caches, decide, act. An in-sync Foo makes no request.
+async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
+    // If the cache has not yet seen our last status write, use what it returned.
+    let foo = ctx.caches.foos.latest(foo);
+    let target = Target::of(&foo)?;
+    // Until the Deployments are listed, every Deployment would look missing.
+    ctx.caches.deployments.synced().await;
+    let name = &foo.spec.deployment_name;
+    let current = (!name.is_empty())
+        .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
+        .flatten();
+    let owned = ctx
+        .caches
+        .deployments
+        .filter(|d| d.namespace().as_deref() == Some(&target.namespace) && is_controlled_by(d, &foo));
+    let now = Time(Timestamp::now());
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.namespace);
+
+    let mut plan = decide(&foo, current.as_deref(), &owned, &now);
+    log_plan(&target, &plan);
+    if write_deployment(&target, &deployments, &plan.deployment, current.as_deref(), ctx).await? == Written::NameTaken {
+        // Not in our cache, yet there: someone else's (without our label),
+        // or ours before the watch reported it. Read it once, decide again.
+        let existing = deployments.get_opt(name).await.map_err(target.api_error("get Deployment"))?;
+        plan = decide(&foo, existing.as_ref(), &owned, &now);
+        log_plan(&target, &plan);
+        if write_deployment(&target, &deployments, &plan.deployment, existing.as_ref(), ctx).await? != Written::Done {
+            // Deleted again in between: start over.
+            return Ok(Action::requeue(BACKOFF_BASE));
+        }
+    }
+    delete_stale(&target, &deployments, &plan, &owned, ctx).await?;
+    write_status(&target, &foo, &plan, ctx).await?;
+    for ev in &plan.events {
+        ctx.events.publish(ev.clone(), foo.object_ref(&()));
+    }
 
     match plan.outcome {
         Outcome::Synced => Ok(Action::await_change()),
-        Outcome::ResourceExists { deployment } => Err(Error::ResourceExists { foo: key, deployment }),
+        Outcome::ResourceExists { deployment } => Err(Error::ResourceExists { foo: target.key, deployment }),
         Outcome::InvalidSpec => {
-            error!(foo = %key, "{MESSAGE_EMPTY_DEPLOYMENT_NAME}");
+            warn!(foo = %target.key, "{MESSAGE_EMPTY_DEPLOYMENT_NAME}");
             // Retrying cannot help; the next edit of the Foo triggers a sync.
             Ok(Action::await_change())
         }
     }
 }
 
-/// Carry out a plan: Deployment write, deletions, status, events.
-async fn execute(foo: &Foo, key: &str, deployments: &Api<Deployment>, plan: &Plan, ctx: &Context) -> Result<()> {
-    let api_err = |action| api_error(key, action);
-    let params = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
+fn log_plan(target: &Target, plan: &Plan) {
+    if plan.writes() {
+        info!(foo = %target.key, plan = %summary(plan), "syncing");
+    }
+}
 
-    match &plan.deployment {
-        DeploymentAction::None => {}
+fn field_manager() -> PatchParams {
+    PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
+}
+
+/// How the Deployment write went.
+#[derive(Debug, PartialEq)]
+enum Written {
+    Done,
+    /// A create found a Deployment of that name that the cache lacks.
+    NameTaken,
+}
+
+/// The plan's one write to the Deployment named by the Foo, recorded in the
+/// cache so the syncs it triggers do not repeat it.
+async fn write_deployment(
+    target: &Target,
+    api: &Api<Deployment>,
+    action: &DeploymentAction,
+    current: Option<&Deployment>,
+    ctx: &Context,
+) -> Result<Written> {
+    let written = match action {
+        DeploymentAction::None => return Ok(Written::Done),
         DeploymentAction::Create(d) => {
             let pp = PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() };
-            // A create, not an apply: if someone made a Deployment of that
-            // name since we looked, this fails with AlreadyExists instead of
-            // taking it over; the retry then sees it and refuses it.
-            deployments.create(&pp, d).await.map_err(api_err("create Deployment"))?;
+            // A create, not an apply: a Deployment of that name that we do
+            // not know is never taken over.
+            match api.create(&pp, d).await {
+                Ok(created) => created,
+                Err(kube::Error::Api(s)) if s.is_already_exists() => return Ok(Written::NameTaken),
+                Err(e) => return Err(target.api_error("create Deployment")(e)),
+            }
         }
         DeploymentAction::Scale { name, resource_version, replicas } => {
             // Only `spec.replicas` is written, so fields set by other tools
             // survive (upstream replaces the whole object). The
-            // resourceVersion makes it conditional on the object we checked.
+            // resourceVersion makes it conditional on the object we checked:
+            // if the cache was behind, this is a conflict and a retry.
             let patch = json!({
                 "metadata": { "resourceVersion": resource_version },
                 "spec": { "replicas": replicas },
             });
-            deployments.patch(name, &params, &Patch::Merge(&patch)).await.map_err(api_err("scale Deployment"))?;
+            api.patch(name, &field_manager(), &Patch::Merge(&patch))
+                .await
+                .map_err(target.api_error("scale Deployment"))?
         }
-    }
+    };
+    ctx.caches.deployments.wrote(current, Some(written), trim_deployment);
+    Ok(Written::Done)
+}
 
+/// Delete the Deployments the Foo controlled under a former name.
+async fn delete_stale(
+    target: &Target,
+    api: &Api<Deployment>,
+    plan: &Plan,
+    owned: &[Arc<Deployment>],
+    ctx: &Context,
+) -> Result<()> {
     for stale in &plan.delete {
         let dp = DeleteParams {
             preconditions: Some(Preconditions { uid: stale.uid.clone(), resource_version: None }),
             ..DeleteParams::background()
         };
-        match deployments.delete(&stale.name, &dp).await {
+        match api.delete(&stale.name, &dp).await {
             Ok(_) => {}
             // Already gone, or replaced by an object we did not check: leave it.
             Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
-            Err(e) => return Err(api_err("delete old Deployment")(e)),
+            Err(e) => return Err(target.api_error("delete old Deployment")(e)),
         }
-    }
-
-    if let Some(status) = &plan.status {
-        let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &foo.namespace().unwrap_or_default());
-        let patch = json!({ "status": status });
-        match foos.patch_status(&foo.name_any(), &params, &Patch::Merge(&patch)).await {
-            Ok(_) => {}
-            // Deleted meanwhile: the garbage collector takes it from here.
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(e) => return Err(api_err("update Foo status")(e)),
-        }
-    }
-
-    let reference = foo.object_ref(&());
-    for ev in &plan.events {
-        let event = Event {
-            type_: if ev.warning { EventType::Warning } else { EventType::Normal },
-            reason: ev.reason.into(),
-            note: Some(ev.message.clone()),
-            action: ACTION_RECONCILE.into(),
-            secondary: None,
-        };
-        // Events are best effort, as in client-go's recorder: failing to
-        // publish one must not fail or repeat the sync.
-        if let Err(e) = ctx.recorder.publish(&event, &reference).await {
-            warn!(foo = %key, reason = ev.reason, error = %e, "cannot publish event");
+        if let Some(before) = owned.iter().find(|d| d.name_any() == stale.name) {
+            ctx.caches.deployments.wrote(Some(before), None, trim_deployment);
         }
     }
     Ok(())
 }
 
-/// Wraps a failed API call of a Foo's sync as [`Error::Api`].
-fn api_error(foo: &str, action: &'static str) -> impl FnOnce(kube::Error) -> Error + use<> {
-    let foo = foo.to_owned();
-    move |source| Error::Api { foo, action, source }
-}
-
-fn foo_key(foo: &Foo) -> String {
-    format!("{}/{}", foo.namespace().unwrap_or_default(), foo.name_any())
+/// Write the plan's status, if any, through the status subresource.
+async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) -> Result<()> {
+    let Some(status) = &plan.status else { return Ok(()) };
+    let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
+    let patch = json!({ "status": status });
+    match foos.patch_status(&target.name, &field_manager(), &Patch::Merge(&patch)).await {
+        Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated), trim_foo),
+        // Deleted meanwhile: the garbage collector takes it from here.
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => return Err(target.api_error("update Foo status")(e)),
+    }
+    Ok(())
 }
 
 /// One line for the log: what the plan writes.

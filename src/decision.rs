@@ -5,6 +5,8 @@
 //! events to emit and how the sync ends. `controller.rs` carries it out and
 //! does nothing else, so every branch is tested here without a server.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{Resource, ResourceExt};
@@ -78,73 +80,40 @@ impl Plan {
 /// Decide what a sync of `foo` does.
 ///
 /// - `current`: the Deployment named `spec.deploymentName` in the Foo's
-///   namespace, read fresh from the API server, or `None` if it is missing.
-/// - `labelled`: the Deployments carrying this Foo's labels; those the Foo
+///   namespace, as cached (or as the API server returned it), or `None` if
+///   it is missing.
+/// - `owned`: cached Deployments of the Foo's namespace; those the Foo
 ///   controls under another name are deleted once the current one is ours.
 /// - `now`: the time stamped on a condition that changes status.
-pub fn decide(foo: &Foo, current: Option<&Deployment>, labelled: &[Deployment], now: &Time) -> Plan {
+pub fn decide(foo: &Foo, current: Option<&Deployment>, owned: &[Arc<Deployment>], now: &Time) -> Plan {
     let name = &foo.spec.deployment_name;
     let Some(desired) = desired_deployment(foo) else {
         // Only an older CRD without validation admits this. Upstream logs
         // and drops the item; we also tell the user, on the Foo itself.
-        let status = status_with(foo, 0, ready(false, REASON_INVALID_SPEC, MESSAGE_EMPTY_DEPLOYMENT_NAME), now);
-        return Plan {
-            deployment: DeploymentAction::None,
-            delete: vec![],
-            status,
-            events: vec![warning(REASON_INVALID_SPEC, MESSAGE_EMPTY_DEPLOYMENT_NAME.to_owned())],
-            outcome: Outcome::InvalidSpec,
-        };
+        return refusal(foo, REASON_INVALID_SPEC, MESSAGE_EMPTY_DEPLOYMENT_NAME.to_owned(), Outcome::InvalidSpec, now);
     };
-
     let (deployment, available, cond) = match current {
         None => {
-            let cond = ready(false, REASON_PROGRESSING, format!("Creating Deployment {name:?}"));
-            (DeploymentAction::Create(Box::new(desired)), 0, cond)
+            // The status the Deployment will show once created (none of its
+            // replicas available yet), so the syncs its creation triggers
+            // find nothing to write.
+            let want = foo.spec.replicas.unwrap_or(1);
+            (DeploymentAction::Create(Box::new(desired)), 0, availability(name, 0, want))
         }
         Some(d) if !is_controlled_by(d, foo) => {
             // Never modify what we do not own: report it and fail the sync.
-            let message = message_resource_exists(name);
-            let status = status_with(foo, 0, ready(false, REASON_RESOURCE_EXISTS, message.clone()), now);
-            return Plan {
-                deployment: DeploymentAction::None,
-                delete: vec![],
-                status,
-                events: vec![warning(REASON_RESOURCE_EXISTS, message)],
-                outcome: Outcome::ResourceExists { deployment: name.clone() },
-            };
+            let outcome = Outcome::ResourceExists { deployment: name.clone() };
+            return refusal(foo, REASON_RESOURCE_EXISTS, message_resource_exists(name), outcome, now);
         }
         Some(d) => {
-            let have = spec_replicas(d);
-            let action = match foo.spec.replicas {
-                Some(want) if want != have => DeploymentAction::Scale {
-                    name: name.clone(),
-                    resource_version: d.resource_version(),
-                    replicas: want,
-                },
-                _ => DeploymentAction::None,
-            };
-            let want = foo.spec.replicas.unwrap_or(have);
+            let want = foo.spec.replicas.unwrap_or_else(|| spec_replicas(d));
             let available = available_replicas(d);
-            let message = format!("Deployment {name:?} has {available}/{want} replicas available");
-            let cond = if available >= want {
-                ready(true, REASON_AVAILABLE, message)
-            } else {
-                ready(false, REASON_PROGRESSING, message)
-            };
-            (action, available, cond)
+            (scale(foo, d), available, availability(name, available, want))
         }
     };
-
-    let delete = labelled
-        .iter()
-        .filter(|d| d.name_any() != *name && d.meta().deletion_timestamp.is_none() && is_controlled_by(d, foo))
-        .map(|d| StaleDeployment { name: d.name_any(), uid: d.uid() })
-        .collect();
-
     let mut plan = Plan {
         deployment,
-        delete,
+        delete: stale_deployments(foo, owned),
         status: status_with(foo, available, cond, now),
         events: vec![],
         outcome: Outcome::Synced,
@@ -158,6 +127,46 @@ pub fn decide(foo: &Foo, current: Option<&Deployment>, labelled: &[Deployment], 
         plan.events.push(normal(REASON_SYNCED, MESSAGE_SYNCED.to_owned()));
     }
     plan
+}
+
+/// A Foo the controller cannot act on: say why on the Foo (`Ready=False`,
+/// and a Warning event when that is news) and write nothing else. Upstream
+/// repeats the event on every retry; the condition already says it.
+fn refusal(foo: &Foo, reason: &'static str, message: String, outcome: Outcome, now: &Time) -> Plan {
+    let status = status_with(foo, 0, ready(false, reason, message.clone()), now);
+    let events = if status.is_some() { vec![warning(reason, message)] } else { vec![] };
+    Plan { deployment: DeploymentAction::None, delete: vec![], status, events, outcome }
+}
+
+/// Set the replicas of our Deployment `d` when the Foo asks for others.
+fn scale(foo: &Foo, d: &Deployment) -> DeploymentAction {
+    match foo.spec.replicas {
+        Some(want) if want != spec_replicas(d) => DeploymentAction::Scale {
+            name: foo.spec.deployment_name.clone(),
+            resource_version: d.resource_version(),
+            replicas: want,
+        },
+        _ => DeploymentAction::None,
+    }
+}
+
+/// The Deployments this Foo controls under a name it no longer asks for.
+fn stale_deployments(foo: &Foo, owned: &[Arc<Deployment>]) -> Vec<StaleDeployment> {
+    owned
+        .iter()
+        .filter(|d| {
+            d.name_any() != foo.spec.deployment_name
+                && d.meta().deletion_timestamp.is_none()
+                && is_controlled_by(d, foo)
+        })
+        .map(|d| StaleDeployment { name: d.name_any(), uid: d.uid() })
+        .collect()
+}
+
+/// `Ready` from the Deployment's available replicas.
+fn availability(deployment: &str, available: i32, want: i32) -> Condition {
+    let message = format!("Deployment {deployment:?} has {available}/{want} replicas available");
+    if available >= want { ready(true, REASON_AVAILABLE, message) } else { ready(false, REASON_PROGRESSING, message) }
 }
 
 /// A `Ready` condition without its bookkeeping fields; [`status_with`] fills
@@ -239,18 +248,31 @@ mod tests {
     }
 
     #[test]
+    fn the_status_written_at_creation_is_the_one_the_new_deployment_shows() {
+        // The Deployment's creation (and the Deployment controller's status
+        // updates until a pod is available) must not cost a second write.
+        let foo = foo("example-foo", "example-foo", Some(2));
+        let created = decide(&foo, None, &[], &now());
+        let foo = with_status(foo, &created);
+        let d = owned_deployment(&foo, 2, 0);
+        let next = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
+        assert!(!next.writes(), "{next:?}");
+        assert!(next.events.is_empty());
+    }
+
+    #[test]
     fn does_nothing_when_in_sync() {
         let foo = foo("example-foo", "example-foo", Some(2));
         let d = owned_deployment(&foo, 2, 2);
         // First sync records the status...
-        let first = decide(&foo, Some(&d), std::slice::from_ref(&d), &now());
+        let first = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
         assert_eq!(first.deployment, DeploymentAction::None);
         assert!(first.status.is_some());
         // ...and the next one, with that status in place, writes nothing and
         // emits nothing, even at a later time.
         let foo = with_status(foo, &first);
         let later = Time(Timestamp::from_second(1_800_000_600).unwrap());
-        let plan = decide(&foo, Some(&d), std::slice::from_ref(&d), &later);
+        let plan = decide(&foo, Some(&d), &[Arc::new(d.clone())], &later);
         assert!(!plan.writes(), "in-sync Foo must not write: {plan:?}");
         assert!(plan.events.is_empty(), "in-sync Foo must not emit events: {plan:?}");
         assert_eq!(plan.outcome, Outcome::Synced);
@@ -302,7 +324,7 @@ mod tests {
         let d = owned_deployment(&old, 1, 1);
         let mut new = old.clone();
         new.metadata.uid = Some("uid-recreated".into());
-        let plan = decide(&new, Some(&d), std::slice::from_ref(&d), &now());
+        let plan = decide(&new, Some(&d), &[Arc::new(d.clone())], &now());
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
         assert!(plan.delete.is_empty());
     }
@@ -372,7 +394,7 @@ mod tests {
         after.spec.deployment_name = "new-name".into();
         after.metadata.generation = Some(2);
         // The new one does not exist yet: create it and drop the old one.
-        let plan = decide(&after, None, std::slice::from_ref(&old), &now());
+        let plan = decide(&after, None, &[Arc::new(old.clone())], &now());
         assert!(matches!(plan.deployment, DeploymentAction::Create(_)));
         assert_eq!(plan.delete, vec![StaleDeployment { name: "old-name".into(), uid: old.metadata.uid.clone() }]);
         assert_eq!(reasons(&plan), vec![REASON_DELETED_OLD, REASON_SYNCED]);
@@ -384,7 +406,7 @@ mod tests {
         let old = owned_deployment(&before, 1, 1);
         let mut after = before.clone();
         after.spec.deployment_name = "taken".into();
-        let plan = decide(&after, Some(&foreign_deployment("taken", 1)), &[old], &now());
+        let plan = decide(&after, Some(&foreign_deployment("taken", 1)), &[Arc::new(old)], &now());
         assert!(plan.delete.is_empty(), "keep serving until the new Deployment is ours");
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "taken".into() });
     }
@@ -398,7 +420,7 @@ mod tests {
         lookalike.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-someone-else".into();
         let mut terminating = owned_deployment(&foo("example-foo", "going", Some(1)), 1, 1);
         terminating.metadata.deletion_timestamp = Some(now());
-        let plan = decide(&foo_, Some(&current), &[current.clone(), lookalike, terminating], &now());
+        let plan = decide(&foo_, Some(&current), &[current.clone(), lookalike, terminating].map(Arc::new), &now());
         assert!(plan.delete.is_empty(), "{:?}", plan.delete);
     }
 
@@ -412,8 +434,164 @@ mod tests {
         assert!(plan.events[0].warning);
         assert_eq!(plan.events[0].reason, REASON_INVALID_SPEC);
         assert_eq!(plan.status.as_ref().unwrap().conditions[0].reason, REASON_INVALID_SPEC);
-        // The status is not written again on the next sync.
+        // The next sync neither writes the status again nor repeats the event.
         let foo = with_status(foo, &plan);
-        assert!(decide(&foo, None, &[], &now()).status.is_none());
+        let again = decide(&foo, None, &[], &now());
+        assert!(again.status.is_none() && again.events.is_empty(), "{again:?}");
+    }
+}
+
+/// Properties of [`decide`] over arbitrary Foos and arbitrary observed
+/// Deployments: it never panics, never plans a write to a Deployment the Foo
+/// does not control, and a second decision over the outcome of the first
+/// plans nothing.
+#[cfg(test)]
+mod properties {
+    use super::*;
+    use crate::testing::foo;
+    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+    use k8s_openapi::jiff::Timestamp;
+    use proptest::prelude::*;
+
+    /// Whose a Deployment is.
+    #[derive(Clone, Copy, Debug)]
+    enum Owner {
+        Nobody,
+        ThisFoo,
+        /// A Foo of the same name, deleted and re-created (another uid).
+        Predecessor,
+        /// This Foo, but as a non-controller owner.
+        ThisFooNotController,
+    }
+
+    fn owner() -> impl Strategy<Value = Owner> {
+        prop_oneof![
+            Just(Owner::Nobody),
+            Just(Owner::ThisFoo),
+            Just(Owner::Predecessor),
+            Just(Owner::ThisFooNotController)
+        ]
+    }
+
+    fn arb_foo() -> impl Strategy<Value = Foo> {
+        ("[a-c]{1,2}", prop_oneof![Just(String::new()), "[a-c]{1,2}"], proptest::option::of(1..=10i32), 1..4i64)
+            .prop_map(|(name, deployment, replicas, generation)| {
+                let mut f = foo(&name, &deployment, replicas);
+                f.metadata.generation = Some(generation);
+                f
+            })
+    }
+
+    fn deployment(foo: &Foo, name: &str, owner: Owner, replicas: i32, available: i32, terminating: bool) -> Deployment {
+        let reference = |uid: &str, controller| OwnerReference {
+            api_version: "samplecontroller.k8s.io/v1alpha1".into(),
+            kind: "Foo".into(),
+            name: foo.name_any(),
+            uid: uid.into(),
+            controller: Some(controller),
+            block_owner_deletion: Some(true),
+        };
+        let this = foo.uid().unwrap();
+        let owners = match owner {
+            Owner::Nobody => None,
+            Owner::ThisFoo => Some(vec![reference(&this, true)]),
+            Owner::Predecessor => Some(vec![reference("uid-predecessor", true)]),
+            Owner::ThisFooNotController => Some(vec![reference(&this, false)]),
+        };
+        Deployment {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some(format!("uid-deploy-{name}")),
+                resource_version: Some("7".into()),
+                owner_references: owners,
+                deletion_timestamp: terminating.then_some(Time(Timestamp::UNIX_EPOCH)),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DeploymentSpec { replicas: Some(replicas), ..DeploymentSpec::default() }),
+            status: Some(DeploymentStatus { available_replicas: Some(available), ..DeploymentStatus::default() }),
+        }
+    }
+
+    /// A Foo, the Deployment of its `spec.deploymentName` (maybe none), and
+    /// other Deployments of its namespace.
+    fn world() -> impl Strategy<Value = (Foo, Option<Deployment>, Vec<Deployment>)> {
+        let observed = (owner(), 0..12i32, 0..12i32);
+        let others = proptest::collection::vec(("[a-c]{1,2}", owner(), 0..12i32, any::<bool>()), 0..4);
+        (arb_foo(), proptest::option::of(observed), others).prop_map(|(foo, observed, others)| {
+            let name = foo.spec.deployment_name.clone();
+            let current = observed
+                .filter(|_| !name.is_empty())
+                .map(|(owner, replicas, available)| deployment(&foo, &name, owner, replicas, available, false));
+            let mut names = std::collections::BTreeSet::from([name.clone()]);
+            let others = others
+                .into_iter()
+                .filter(|(n, ..)| names.insert(n.clone())) // unique names, as in a namespace
+                .map(|(n, owner, replicas, terminating)| deployment(&foo, &n, owner, replicas, 0, terminating))
+                .collect();
+            (foo, current, others)
+        })
+    }
+
+    /// The cluster after `plan` was carried out: the API server's view.
+    fn carry_out(
+        foo: &Foo,
+        current: Option<&Deployment>,
+        owned: &[Arc<Deployment>],
+        plan: &Plan,
+    ) -> (Foo, Option<Deployment>, Vec<Arc<Deployment>>) {
+        let mut foo = foo.clone();
+        if plan.status.is_some() {
+            foo.status = plan.status.clone();
+        }
+        let current = match &plan.deployment {
+            DeploymentAction::Create(d) => {
+                let mut created = (**d).clone();
+                created.metadata.uid = Some("uid-created".into());
+                created.metadata.resource_version = Some("8".into());
+                let spec = created.spec.get_or_insert_with(Default::default);
+                spec.replicas = spec.replicas.or(Some(1)); // the API server's default
+                created.status = Some(DeploymentStatus::default());
+                Some(created)
+            }
+            DeploymentAction::Scale { replicas, .. } => current.cloned().map(|mut d| {
+                d.spec.as_mut().unwrap().replicas = Some(*replicas);
+                d
+            }),
+            DeploymentAction::None => current.cloned(),
+        };
+        let owned = owned.iter().filter(|d| !plan.delete.iter().any(|s| s.name == d.name_any())).cloned().collect();
+        (foo, current, owned)
+    }
+
+    fn now() -> Time {
+        Time(Timestamp::from_second(1_800_000_000).unwrap())
+    }
+
+    proptest! {
+        #[test]
+        fn writes_only_what_the_foo_controls_and_a_second_decision_plans_nothing((foo, current, others) in world()) {
+            let owned: Vec<Arc<Deployment>> = others.into_iter().map(Arc::new).collect();
+            let plan = decide(&foo, current.as_ref(), &owned, &now());
+
+            match &plan.deployment {
+                DeploymentAction::Create(_) => prop_assert!(current.is_none()),
+                DeploymentAction::Scale { .. } => prop_assert!(current.as_ref().is_some_and(|d| is_controlled_by(d, &foo))),
+                DeploymentAction::None => {}
+            }
+            for stale in &plan.delete {
+                let d = owned.iter().find(|d| d.name_any() == stale.name);
+                prop_assert!(d.is_some_and(|d| is_controlled_by(d, &foo) && d.uid() == stale.uid), "{stale:?}");
+            }
+            if current.as_ref().is_some_and(|d| !is_controlled_by(d, &foo)) {
+                prop_assert!(plan.delete.is_empty(), "nothing is deleted while the name is someone else's");
+            }
+
+            let (foo, current, owned) = carry_out(&foo, current.as_ref(), &owned, &plan);
+            let later = Time(Timestamp::from_second(1_800_000_060).unwrap());
+            let again = decide(&foo, current.as_ref(), &owned, &later);
+            prop_assert!(!again.writes() && again.events.is_empty(), "first {plan:?}\nthen {again:?}");
+        }
     }
 }

@@ -12,6 +12,16 @@ use serde::{Deserialize, Serialize};
 /// not discovered later by a failing reconcile.
 pub const DNS1123_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
+/// What the API server says of a `spec.deploymentName` that is not one.
+pub const MESSAGE_BAD_DEPLOYMENT_NAME: &str = "must be a valid Deployment name: a DNS-1123 subdomain of lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (for example 'example-foo')";
+
+/// Longest Foo name: the name is the value of the `controller` label of its
+/// Deployment and pods, and label values have at most 63 characters.
+pub const MAX_NAME_LENGTH: usize = 63;
+
+/// What the API server says of a Foo name longer than [`MAX_NAME_LENGTH`].
+pub const MESSAGE_NAME_TOO_LONG: &str = "metadata.name must be at most 63 characters: it is the value of the 'controller' label on the Foo's Deployment and pods, and label values are limited to 63 characters";
+
 /// The desired state of a Foo: a Deployment of that name with that many
 /// replicas.
 // clippy reads the repeated `type_` of the printcolumns as duplicates.
@@ -34,6 +44,7 @@ pub const DNS1123_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9](
         "unapproved, experimental-only; please get an approval from Kubernetes API reviewers if you're trying to develop a CRD in the *.k8s.io or *.kubernetes.io groups"
     ),
     doc = "A Foo owns an nginx Deployment named spec.deploymentName with spec.replicas replicas.",
+    validation = Rule::new(format!("size(self.metadata.name) <= {MAX_NAME_LENGTH}")).message(MESSAGE_NAME_TOO_LONG),
     scale(
         spec_replicas_path = ".spec.replicas",
         status_replicas_path = ".status.availableReplicas"
@@ -49,8 +60,9 @@ pub struct FooSpec {
     /// a DNS-1123 subdomain, like every Deployment name.
     #[schemars(length(min = 1, max = 253))]
     #[schemars(extend("x-kubernetes-validations" = [{
-        "rule": "self.matches('^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$')",
-        "message": "must be a valid Deployment name: a DNS-1123 subdomain of lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (for example 'example-foo')"
+        // CEL's string literal: a regex backslash is written twice.
+        "rule": format!("self.matches('{}')", DNS1123_SUBDOMAIN.replace('\\', "\\\\")),
+        "message": MESSAGE_BAD_DEPLOYMENT_NAME,
     }]))]
     pub deployment_name: String,
 

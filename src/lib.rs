@@ -2,17 +2,20 @@
 //! nginx Deployment.
 //!
 //! A module per concept: [`foo`] the API type, [`deployment`] the Deployment
-//! a Foo asks for, [`decision`] what a sync does (pure), [`controller`] the
-//! kube-runtime wiring that carries decisions out, [`constants`] every name
-//! put on the wire, plus the operational pieces: [`cli`], [`telemetry`],
+//! a Foo asks for, [`decision`] what a sync does (pure), [`cache`] what the
+//! watches keep, [`controller`] the kube-runtime wiring that carries
+//! decisions out, [`events`] their Events, [`constants`] every name put on
+//! the wire, plus the process around them: [`app`], [`cli`], [`telemetry`],
 //! [`metrics`], [`http`] and [`leader`].
 
 pub mod app;
+pub mod cache;
 pub mod cli;
 pub mod constants;
 pub mod controller;
 pub mod decision;
 pub mod deployment;
+pub mod events;
 pub mod foo;
 pub mod http;
 pub mod leader;
@@ -69,18 +72,10 @@ pub enum Error {
 }
 
 impl Error {
-    /// Short label for the `controller_runtime_reconcile_errors_total`-style
-    /// metrics and logs.
-    pub fn metric_label(&self) -> &'static str {
-        match self {
-            Error::Api { .. } => "api",
-            Error::ResourceExists { .. } => "resource_exists",
-            Error::MissingNamespace(_) => "missing_namespace",
-            Error::Config(_) => "config",
-            Error::Client(_) => "client",
-            Error::Leader(_) => "leader",
-            Error::Http { .. } => "http",
-        }
+    /// True for a write refused because the object changed since it was
+    /// read (HTTP 409 Conflict): the cache was behind, and a retry fixes it.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.is_conflict())
     }
 }
 

@@ -12,6 +12,7 @@ use common::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use sample_controller::controller::Context;
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
@@ -261,4 +262,40 @@ async fn in_sync_foo_causes_no_writes() {
     assert_eq!(foos.get("example-foo").await.unwrap().resource_version(), foo_rv, "Foo was written");
     assert_eq!(deployment(&ns, "example-foo").await.unwrap().resource_version(), dep_rv, "Deployment was written");
     assert_eq!(ns.events_for("example-foo").await.len(), events, "an event was emitted");
+}
+
+#[tokio::test]
+async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overwritten() {
+    // No running controller: single syncs over caches the test fills, so the
+    // Deployment cache can lag behind the API server for as long as needed.
+    let ns = TestNamespace::new("lag").await;
+    let metrics = std::sync::Arc::new(sample_controller::metrics::Metrics::new());
+    let sync = |foo: Foo, cached: Vec<Deployment>| {
+        let (client, metrics) = (ns.client.clone(), metrics.clone());
+        async move {
+            let caches = caches_holding(std::slice::from_ref(&foo), &cached).await;
+            let ctx = std::sync::Arc::new(Context::new(client, caches, metrics, None));
+            sample_controller::controller::reconcile(std::sync::Arc::new(foo), ctx).await
+        }
+    };
+    let foos: Api<Foo> = ns.api();
+    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    sync(foos.get("example-foo").await.unwrap(), vec![]).await.expect("first sync creates the Deployment");
+    let seen = deployment(&ns, "example-foo").await.expect("created");
+
+    // Between two syncs, someone scales the Deployment and the Foo asks for 2.
+    ns.kubectl_ok(&["scale", "deployment/example-foo", "--replicas=5"]);
+    let patch = json!({ "spec": { "replicas": 2 } });
+    let foo = foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
+
+    // The cache still holds the version before the hand scaling: the write
+    // based on it is refused, and nothing is written.
+    let err = sync(foo.clone(), vec![seen]).await.expect_err("a write based on a stale copy must fail");
+    assert!(err.is_conflict(), "{err}");
+    assert_eq!(replicas(&deployment(&ns, "example-foo").await.unwrap()), Some(5), "written blindly");
+
+    // The retry reads the caught-up cache and restores the Foo's replicas.
+    let current = deployment(&ns, "example-foo").await.unwrap();
+    sync(foo, vec![current]).await.expect("the retry succeeds");
+    assert_eq!(replicas(&deployment(&ns, "example-foo").await.unwrap()), Some(2));
 }

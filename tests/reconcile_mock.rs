@@ -1,7 +1,8 @@
 //! Reconciler tests against a mocked API server (tower-test), after
-//! upstream's controller_test.go: each scenario lists the API requests one
-//! sync must make, in order, answers them, and fails on any request it did
-//! not expect — so "does nothing" is proven to make no write at all.
+//! upstream's controller_test.go: each scenario fills the controller's caches,
+//! lists the API requests one sync must make, in order, answers them, and
+//! fails on any request it did not expect — so "does nothing" is proven to
+//! make no request at all, and reads come from the caches, never the API.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -12,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::Client;
 use kube::client::Body;
-use sample_controller::controller::{Context, reconcile};
+use kube::runtime::controller::Action;
+use sample_controller::controller::{Context, error_policy, reconcile};
 use sample_controller::decision::decide;
 use sample_controller::deployment::desired_deployment;
 use sample_controller::metrics::Metrics;
@@ -21,140 +23,181 @@ use sample_controller::{Error, Foo};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 
+mod common;
+
+use common::caches_holding;
+
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
-
-fn example_foo(replicas: i32) -> Foo {
-    foo("example-foo", "example-foo", Some(replicas))
-}
-
-fn list(items: Vec<Deployment>) -> Value {
-    json!({ "apiVersion": "apps/v1", "kind": "DeploymentList", "metadata": { "resourceVersion": "50" }, "items": items })
-}
-
-fn not_found() -> (StatusCode, Value) {
-    let status = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "NotFound",
-        "message": "deployments.apps \"example-foo\" not found", "code": 404 });
-    (StatusCode::NOT_FOUND, status)
-}
-
-/// A check of a write's JSON body.
-type BodyCheck = Box<dyn Fn(&Value) + Send>;
-
-/// One request the sync must make, checked and answered.
-struct Expect {
-    method: Method,
-    path: &'static str,
-    /// A query-string fragment the request must carry.
-    query: Option<&'static str>,
-    /// Checks the JSON body of a write.
-    body: Option<BodyCheck>,
-    reply: (StatusCode, Value),
-}
-
-fn expect(method: Method, path: &'static str, reply: (StatusCode, Value)) -> Expect {
-    Expect { method, path, query: None, body: None, reply }
-}
-
-async fn serve(handle: &mut ApiHandle, scenario: Vec<Expect>) {
-    for (i, want) in scenario.into_iter().enumerate() {
-        let (request, send): (Request<Body>, SendResponse<Response<Body>>) =
-            tokio::time::timeout(Duration::from_secs(5), handle.next_request())
-                .await
-                .unwrap_or_else(|_| panic!("request #{i} ({} {}) was never made", want.method, want.path))
-                .expect("service dropped before all expected requests");
-        assert_eq!(request.method(), want.method, "request #{i}: {}", request.uri());
-        assert_eq!(request.uri().path(), want.path, "request #{i}");
-        if let Some(q) = want.query {
-            let query = request.uri().query().unwrap_or_default();
-            assert!(query.contains(q), "request #{i}: query {query:?} lacks {q:?}");
-        }
-        if let Some(check) = want.body {
-            let bytes = request.into_body().collect_bytes().await.unwrap();
-            let body: Value = serde_json::from_slice(&bytes).unwrap();
-            check(&body);
-        }
-        let (code, body) = want.reply;
-        send.send_response(
-            Response::builder().status(code).body(Body::from(serde_json::to_vec(&body).unwrap())).unwrap(),
-        );
-    }
-}
-
-/// Run one sync of `foo` against `scenario`; return its result once every
-/// expected request was made, and fail if it made any other.
-async fn sync_once(foo: Foo, scenario: Vec<Expect>) -> Result<(), Error> {
-    let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = Client::new(service, "default");
-    let ctx = Arc::new(Context::new(client, Arc::new(Metrics::new()), None));
-    let sync = tokio::spawn(reconcile(Arc::new(foo), ctx));
-    serve(&mut handle, scenario).await;
-    let result = tokio::time::timeout(Duration::from_secs(5), sync).await.expect("sync did not finish").unwrap();
-    // The Context (and so the client) is gone with the finished sync; any
-    // request made after the last expected one is still queued here.
-    if let Ok(Some((extra, _))) = tokio::time::timeout(Duration::from_millis(200), handle.next_request()).await {
-        panic!("unexpected request {} {}", extra.method(), extra.uri());
-    }
-    result.map(|_| ())
-}
 
 const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/example-foo";
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
 const FOO_STATUS: &str = "/apis/samplecontroller.k8s.io/v1alpha1/namespaces/default/foos/example-foo/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
 
-fn list_request(items: Vec<Deployment>) -> Expect {
-    Expect { query: Some("labelSelector="), ..expect(Method::GET, DEPLOYMENTS, (StatusCode::OK, list(items))) }
+/// A check of a request's JSON body.
+type BodyCheck = Box<dyn Fn(&Value) + Send>;
+
+/// One request the sync must make: method and path first, then what it must
+/// carry, then the answer.
+struct Expect {
+    method: Method,
+    path: &'static str,
+    query: Option<&'static str>,
+    body: Option<BodyCheck>,
+    reply: (StatusCode, Value),
 }
 
-fn event_with(reason: &'static str, kind: &'static str) -> Expect {
-    Expect {
-        body: Some(Box::new(move |ev: &Value| {
-            assert_eq!(ev["reason"], reason);
-            assert_eq!(ev["type"], kind);
-            assert_eq!(ev["regarding"]["kind"], "Foo");
-            assert_eq!(ev["regarding"]["name"], "example-foo");
-        })),
-        ..expect(Method::POST, EVENTS, (StatusCode::CREATED, json!({})))
+fn expect(method: Method, path: &'static str) -> Expect {
+    Expect { method, path, query: None, body: None, reply: (StatusCode::OK, json!({})) }
+}
+
+impl Expect {
+    /// The query string must contain `fragment`.
+    fn query(mut self, fragment: &'static str) -> Self {
+        self.query = Some(fragment);
+        self
     }
+
+    /// The JSON body must pass `check` (and any check given before).
+    fn body(mut self, check: impl Fn(&Value) + Send + 'static) -> Self {
+        let before = self.body.take();
+        self.body = Some(Box::new(move |body| {
+            if let Some(before) = &before {
+                before(body);
+            }
+            check(body);
+        }));
+        self
+    }
+
+    fn reply(mut self, code: StatusCode, body: impl serde::Serialize) -> Self {
+        self.reply = (code, serde_json::to_value(body).unwrap());
+        self
+    }
+
+    /// A Normal or Warning event about the example Foo with this reason.
+    fn event(kind: &'static str, reason: &'static str) -> Self {
+        expect(Method::POST, EVENTS)
+            .body(move |ev| {
+                assert_eq!(ev["type"], kind);
+                assert_eq!(ev["reason"], reason);
+                assert_eq!(ev["regarding"]["kind"], "Foo");
+                assert_eq!(ev["regarding"]["name"], "example-foo");
+            })
+            .reply(StatusCode::CREATED, json!({}))
+    }
+}
+
+fn status(code: StatusCode, reason: &str, message: &str) -> Value {
+    json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": reason,
+        "message": message, "code": code.as_u16() })
+}
+
+/// A controller context whose caches hold `foos` and `deployments`, talking
+/// to a mocked API server.
+struct Mock {
+    ctx: Arc<Context>,
+    handle: ApiHandle,
+}
+
+impl Mock {
+    async fn new(foos: &[Foo], deployments: &[Deployment]) -> Self {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let caches = caches_holding(foos, deployments).await;
+        Mock { ctx: Arc::new(Context::new(client, caches, Arc::new(Metrics::new()), None)), handle }
+    }
+
+    /// Run one sync of `foo` against `scenario`; return its result once
+    /// every expected request was made, and fail if it made any other.
+    async fn sync(&mut self, foo: &Foo, scenario: Vec<Expect>) -> Result<Action, Error> {
+        let sync = tokio::spawn(reconcile(Arc::new(foo.clone()), self.ctx.clone()));
+        for (i, want) in scenario.into_iter().enumerate() {
+            let (request, send): (Request<Body>, SendResponse<Response<Body>>) =
+                tokio::time::timeout(Duration::from_secs(5), self.handle.next_request())
+                    .await
+                    .unwrap_or_else(|_| panic!("request #{i} ({} {}) was never made", want.method, want.path))
+                    .expect("client dropped before all expected requests");
+            assert_eq!((request.method(), request.uri().path()), (&want.method, want.path), "request #{i}");
+            if let Some(q) = want.query {
+                let query = request.uri().query().unwrap_or_default();
+                assert!(query.contains(q), "request #{i}: query {query:?} lacks {q:?}");
+            }
+            if let Some(check) = want.body {
+                let bytes = request.into_body().collect_bytes().await.unwrap();
+                check(&serde_json::from_slice(&bytes).unwrap());
+            }
+            let (code, body) = want.reply;
+            let response = Response::builder().status(code).body(Body::from(serde_json::to_vec(&body).unwrap()));
+            send.send_response(response.unwrap());
+        }
+        let result = tokio::time::timeout(Duration::from_secs(5), sync).await.expect("sync did not finish").unwrap();
+        // Events go out in the background: give a stray one time to arrive.
+        if let Ok(Some((extra, _))) = tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await
+        {
+            panic!("unexpected request {} {}", extra.method(), extra.uri());
+        }
+        result
+    }
+}
+
+fn example_foo(replicas: i32) -> Foo {
+    foo("example-foo", "example-foo", Some(replicas))
+}
+
+/// `foo` with the status an earlier sync wrote for `d`.
+fn synced_with(mut foo: Foo, d: &Deployment) -> Foo {
+    foo.status = decide(&foo, Some(d), &[], &Time(Timestamp::now())).status;
+    foo
 }
 
 #[tokio::test]
 async fn creates_deployment() {
     let foo = example_foo(1);
     let want = serde_json::to_value(desired_deployment(&foo).unwrap()).unwrap();
-    let created = serde_json::to_value(owned_deployment(&foo, 1, 0)).unwrap();
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
     let scenario = vec![
-        expect(Method::GET, DEPLOYMENT, not_found()),
-        list_request(vec![]),
-        Expect {
-            query: Some("fieldManager=sample-controller"),
-            body: Some(Box::new(move |body: &Value| assert_eq!(*body, want))),
-            ..expect(Method::POST, DEPLOYMENTS, (StatusCode::CREATED, created))
-        },
-        Expect {
-            body: Some(Box::new(|body: &Value| {
+        expect(Method::POST, DEPLOYMENTS)
+            .query("fieldManager=sample-controller")
+            .body(move |body| assert_eq!(*body, want))
+            .reply(StatusCode::CREATED, owned_deployment(&foo, 1, 0)),
+        expect(Method::PATCH, FOO_STATUS)
+            .body(|body| {
                 assert_eq!(body["status"]["availableReplicas"], 0);
                 assert_eq!(body["status"]["observedGeneration"], 1);
-            })),
-            ..expect(Method::PATCH, FOO_STATUS, (StatusCode::OK, serde_json::to_value(example_foo(1)).unwrap()))
-        },
-        event_with("Synced", "Normal"),
+            })
+            .reply(StatusCode::OK, example_foo(1)),
+        Expect::event("Normal", "Synced"),
     ];
-    sync_once(foo, scenario).await.unwrap();
+    mock.sync(&foo, scenario).await.unwrap();
+}
+
+#[tokio::test]
+async fn the_syncs_our_own_writes_trigger_make_no_request() {
+    // The watches report the new Deployment and the new status only after
+    // the writes return; syncs in between must not repeat them.
+    let foo = example_foo(1);
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
+    let mut written = foo.clone();
+    written.metadata.resource_version = Some("101".into());
+    written.status = synced_with(foo.clone(), &owned_deployment(&foo, 1, 0)).status;
+    let scenario = vec![
+        expect(Method::POST, DEPLOYMENTS).reply(StatusCode::CREATED, owned_deployment(&foo, 1, 0)),
+        expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, written),
+        Expect::event("Normal", "Synced"),
+    ];
+    mock.sync(&foo, scenario).await.unwrap();
+    // The caches still hold the Foo without status and no Deployment.
+    mock.sync(&foo, vec![]).await.unwrap();
 }
 
 #[tokio::test]
 async fn does_nothing_when_in_sync() {
-    let mut foo = example_foo(1);
-    let d = owned_deployment(&foo, 1, 1);
-    // The status a previous sync wrote.
-    foo.status = decide(&foo, Some(&d), &[], &Time(Timestamp::now())).status;
-    let scenario = vec![
-        expect(Method::GET, DEPLOYMENT, (StatusCode::OK, serde_json::to_value(&d).unwrap())),
-        list_request(vec![d.clone()]),
-        // Nothing else: no Deployment write, no status write, no event.
-    ];
-    sync_once(foo, scenario).await.unwrap();
+    let d = owned_deployment(&example_foo(1), 1, 1);
+    let foo = synced_with(example_foo(1), &d);
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[d]).await;
+    // No request at all: no read, no Deployment write, no status, no event.
+    mock.sync(&foo, vec![]).await.unwrap();
 }
 
 #[tokio::test]
@@ -163,57 +206,79 @@ async fn updates_deployment_replicas() {
     let d = owned_deployment(&foo, 1, 1);
     let mut scaled = d.clone();
     scaled.spec.as_mut().unwrap().replicas = Some(3);
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[d]).await;
     let scenario = vec![
-        expect(Method::GET, DEPLOYMENT, (StatusCode::OK, serde_json::to_value(&d).unwrap())),
-        list_request(vec![d.clone()]),
-        Expect {
-            query: Some("fieldManager=sample-controller"),
+        expect(Method::PATCH, DEPLOYMENT)
+            .query("fieldManager=sample-controller")
             // Only replicas, conditional on the version checked for ownership.
-            body: Some(Box::new(|body: &Value| {
-                assert_eq!(*body, json!({ "metadata": { "resourceVersion": "200" }, "spec": { "replicas": 3 } }));
-            })),
-            ..expect(Method::PATCH, DEPLOYMENT, (StatusCode::OK, serde_json::to_value(&scaled).unwrap()))
-        },
-        expect(Method::PATCH, FOO_STATUS, (StatusCode::OK, serde_json::to_value(example_foo(3)).unwrap())),
-        event_with("Synced", "Normal"),
+            .body(|body| {
+                assert_eq!(*body, json!({ "metadata": { "resourceVersion": "200" }, "spec": { "replicas": 3 } }))
+            })
+            .reply(StatusCode::OK, scaled),
+        expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, example_foo(3)),
+        Expect::event("Normal", "Synced"),
     ];
-    sync_once(foo, scenario).await.unwrap();
+    mock.sync(&foo, scenario).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_stale_cached_version_ends_in_a_conflict_and_a_retry_never_a_blind_write() {
+    let foo = example_foo(3);
+    let cached = owned_deployment(&foo, 1, 1); // resourceVersion 200
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[cached]).await;
+    let scenario = vec![
+        expect(Method::PATCH, DEPLOYMENT)
+            .body(|body| assert_eq!(body["metadata"]["resourceVersion"], "200"))
+            .reply(StatusCode::CONFLICT, status(StatusCode::CONFLICT, "Conflict", "the object has been modified")),
+        // Nothing else: no status, no event from a sync that did not happen.
+    ];
+    let err = mock.sync(&foo, scenario).await.unwrap_err();
+    assert!(err.is_conflict(), "{err}");
+    let retry = error_policy(Arc::new(foo), &err, mock.ctx.clone());
+    assert_eq!(retry, Action::requeue(Duration::from_millis(5)));
 }
 
 #[tokio::test]
 async fn not_controlled_by_us() {
+    // Someone else's Deployment, without our label: not in the cache. The
+    // create finds it; it is read once and never written.
     let foo = example_foo(3);
-    let d = foreign_deployment("example-foo", 1);
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
     let scenario = vec![
-        expect(Method::GET, DEPLOYMENT, (StatusCode::OK, serde_json::to_value(&d).unwrap())),
-        list_request(vec![]),
-        Expect {
-            body: Some(Box::new(|body: &Value| {
-                assert_eq!(body["status"]["conditions"][0]["reason"], "ErrResourceExists");
-            })),
-            ..expect(Method::PATCH, FOO_STATUS, (StatusCode::OK, serde_json::to_value(example_foo(3)).unwrap()))
-        },
-        Expect {
-            body: Some(Box::new(|ev: &Value| {
-                assert_eq!(ev["type"], "Warning");
-                assert_eq!(ev["reason"], "ErrResourceExists");
-                assert_eq!(ev["note"], r#"Resource "example-foo" already exists and is not managed by Foo"#);
-            })),
-            ..expect(Method::POST, EVENTS, (StatusCode::CREATED, json!({})))
-        },
-        // No request to the Deployment beyond the read.
+        expect(Method::POST, DEPLOYMENTS)
+            .reply(StatusCode::CONFLICT, status(StatusCode::CONFLICT, "AlreadyExists", "already exists")),
+        expect(Method::GET, DEPLOYMENT).reply(StatusCode::OK, foreign_deployment("example-foo", 1)),
+        expect(Method::PATCH, FOO_STATUS)
+            .body(|body| assert_eq!(body["status"]["conditions"][0]["reason"], "ErrResourceExists"))
+            .reply(StatusCode::OK, example_foo(3)),
+        Expect::event("Warning", "ErrResourceExists")
+            .body(|ev| assert_eq!(ev["note"], r#"Resource "example-foo" already exists and is not managed by Foo"#)),
     ];
-    let err = sync_once(foo, scenario).await.unwrap_err();
+    let err = mock.sync(&foo, scenario).await.unwrap_err();
     assert!(matches!(err, Error::ResourceExists { ref deployment, .. } if deployment == "example-foo"), "{err}");
+}
+
+#[tokio::test]
+async fn a_cached_lookalike_we_do_not_control_is_refused_without_a_request_to_it() {
+    let foo = example_foo(3);
+    let mut lookalike = owned_deployment(&foo, 1, 1);
+    lookalike.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-someone-else".into();
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[lookalike]).await;
+    let scenario = vec![
+        expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, example_foo(3)),
+        Expect::event("Warning", "ErrResourceExists"),
+    ];
+    let err = mock.sync(&foo, scenario).await.unwrap_err();
+    assert!(matches!(err, Error::ResourceExists { .. }), "{err}");
 }
 
 #[tokio::test]
 async fn api_errors_fail_the_sync_without_panicking() {
     let foo = example_foo(1);
-    let boom = json!({ "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "InternalError",
-        "message": "etcdserver: request timed out", "code": 500 });
-    let scenario = vec![expect(Method::GET, DEPLOYMENT, (StatusCode::INTERNAL_SERVER_ERROR, boom))];
-    let err = sync_once(foo, scenario).await.unwrap_err();
-    assert!(matches!(err, Error::Api { action: "get Deployment", .. }), "{err}");
-    assert!(err.to_string().starts_with("Foo default/example-foo: get Deployment"), "{err}");
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
+    let boom = status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "etcdserver: request timed out");
+    let scenario = vec![expect(Method::POST, DEPLOYMENTS).reply(StatusCode::INTERNAL_SERVER_ERROR, boom)];
+    let err = mock.sync(&foo, scenario).await.unwrap_err();
+    assert!(matches!(err, Error::Api { action: "create Deployment", .. }), "{err}");
+    assert!(err.to_string().starts_with("Foo default/example-foo: create Deployment"), "{err}");
 }

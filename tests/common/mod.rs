@@ -8,13 +8,17 @@ use std::process::{Command, Output};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config, ResourceExt};
-use sample_controller::controller::{self, Context, Settings};
+use sample_controller::Foo;
+use sample_controller::cache::{Cache, trim_deployment, trim_foo};
+use sample_controller::controller::{self, Caches, Context, Settings};
 use sample_controller::metrics::Metrics;
 use serde_json::json;
 
@@ -178,11 +182,30 @@ impl Drop for RunningController {
 /// Start the controller with `client`, watching `namespace` (all when None).
 pub fn start_controller(client: Client, namespace: Option<&str>) -> RunningController {
     let metrics = Arc::new(Metrics::new());
-    let ctx = Arc::new(Context::new(client.clone(), metrics.clone(), Some("integration-test".into())));
     let settings = Settings { namespace: namespace.map(str::to_owned), workers: 2 };
-    let controller = controller::build(&client, &settings);
+    let (controller, caches) = controller::build(&client, &settings);
+    let ctx = Arc::new(Context::new(client.clone(), caches, metrics.clone(), Some("integration-test".into())));
     let task = tokio::spawn(controller::run(controller, ctx, futures::future::pending()));
     RunningController { task, metrics }
+}
+
+/// Controller caches holding `foos` and `deployments`, as a watch's first
+/// list would fill them; they change only when the test says so, so a test
+/// can make them lag behind the API server.
+pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches {
+    Caches { foos: filled(foos, trim_foo).await, deployments: filled(deployments, trim_deployment).await }
+}
+
+async fn filled<K>(objects: &[K], trim: fn(&mut K)) -> Arc<Cache<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (cache, writer) = Cache::new();
+    let mut events = vec![Ok(WatchEvent::Init)];
+    events.extend(objects.iter().cloned().map(|o| Ok(WatchEvent::InitApply(o))));
+    events.push(Ok(WatchEvent::InitDone));
+    cache.reflect(writer, futures::stream::iter(events), trim).for_each(|_| async {}).await;
+    cache
 }
 
 /// Poll `probe` every 200 ms until it returns `Some`, or panic after `timeout`.

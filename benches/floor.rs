@@ -1,0 +1,69 @@
+//! The floor for `hack/bench.sh`: the least any Foo controller must send to
+//! bring N new Foos to "Deployment created, status written" — one create
+//! and one status write per Foo, nothing else — at a given concurrency.
+//! The benchmark compares the controller's convergence time with this one's,
+//! on the same control plane, both timed from the API server's audit log.
+//!
+//!   cargo bench --bench floor -- <namespace> <concurrency>
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube::{Api, Client, Config, ResourceExt};
+use sample_controller::Foo;
+use sample_controller::decision::decide;
+use sample_controller::deployment::desired_deployment;
+
+/// Its own User-Agent, so the audit log tells it from the controller.
+const USER_AGENT: &str = "sample-controller-floor/0";
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
+    let [namespace, concurrency] = args.as_slice() else {
+        return Err("usage: floor <namespace> <concurrency>".into());
+    };
+    let concurrency: usize = concurrency.parse()?;
+    let mut config = Config::infer().await?;
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
+    let client = Client::try_from(config)?;
+    let foos: Api<Foo> = Api::namespaced(client.clone(), namespace);
+    let deployments = Api::namespaced(client.clone(), namespace);
+
+    let started = Instant::now();
+    let all = foos.list(&ListParams::default()).await?.items;
+    let count = all.len();
+    let foos = Arc::new(foos);
+    futures::stream::iter(all)
+        .for_each_concurrent(concurrency, |foo| {
+            let (foos, deployments) = (foos.clone(), deployments.clone());
+            async move {
+                if let Err(e) = converge(&foos, &deployments, &foo).await {
+                    eprintln!("floor: Foo {}: {e}", foo.name_any());
+                }
+            }
+        })
+        .await;
+    println!("floor: {count} Foos at concurrency {concurrency} in {:.2}s", started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// The two writes: the Deployment the controller would create, and the
+/// status it would write with it.
+async fn converge(
+    foos: &Api<Foo>,
+    deployments: &Api<k8s_openapi::api::apps::v1::Deployment>,
+    foo: &Foo,
+) -> kube::Result<()> {
+    let plan = decide(foo, None, &[], &Time(Timestamp::now()));
+    let desired = desired_deployment(foo).expect("a valid Foo");
+    let pp = PostParams { field_manager: Some("sample-controller-floor".into()), ..PostParams::default() };
+    deployments.create(&pp, &desired).await?;
+    let patch = serde_json::json!({ "status": plan.status });
+    foos.patch_status(&foo.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
+}

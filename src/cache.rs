@@ -1,0 +1,297 @@
+//! The controller's view of the cluster: the Foos and the Deployments it made,
+//! kept by watches in kube-runtime reflector stores, so a sync reads memory
+//! and never the API server.
+//!
+//! Two things are added to the plain reflector:
+//! - objects are **trimmed** before they are stored ([`trim_deployment`],
+//!   [`trim_foo`]): a sync needs a handful of fields, and at ten thousand Foos
+//!   the rest (managedFields, pod templates, annotations) is most of the
+//!   memory;
+//! - **our own writes are seen at once** ([`Cache::wrote`]). A watch delivers
+//!   our write a few milliseconds after the API server acknowledged it; a sync
+//!   that runs in between would otherwise see the old object and repeat the
+//!   write (a second create, a second status patch and event). What the API
+//!   server returned to our write stands in for the cached object until the
+//!   watch has caught up with it. Nothing is written on the strength of it
+//!   alone: every write stays a create or conditional on a resourceVersion.
+
+use std::collections::HashMap;
+use std::fmt::Debug;
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, reflector::reflector};
+use kube::{Resource, ResourceExt};
+use tokio::sync::watch;
+
+use crate::foo::Foo;
+
+/// A reflector store of `K`, plus our own writes it has not seen yet.
+pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    written: Mutex<Written<K>>,
+    synced: watch::Sender<bool>,
+}
+
+impl<K> Cache<K>
+where
+    K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+{
+    /// An empty cache, and the writer that [`Cache::reflect`] fills it with.
+    pub fn new() -> (Arc<Self>, Writer<K>) {
+        let (store, writer) = reflector::store();
+        let cache = Cache { store, written: Mutex::default(), synced: watch::Sender::new(false) };
+        (Arc::new(cache), writer)
+    }
+
+    /// Feed `events` (a watcher stream) through `trim` into this cache; the
+    /// events are passed on, trimmed, for the controller's triggers.
+    pub fn reflect(
+        self: &Arc<Self>,
+        writer: Writer<K>,
+        events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
+        trim: fn(&mut K),
+    ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
+        let cache = self.clone();
+        reflector(writer, events.modify(trim)).inspect(move |event| {
+            if let Ok(event) = event {
+                cache.observe(event);
+            }
+        })
+    }
+
+    /// The object as we know it: the cached one, or what the API server
+    /// returned to our last write of it if the cache has not seen that yet.
+    /// `None` if it does not exist (or we deleted it).
+    pub fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
+        self.written().resolve(key, self.store.get(key))
+    }
+
+    /// The newest version we know of `obj`, a copy handed out by the store.
+    pub fn latest(&self, obj: Arc<K>) -> Arc<K> {
+        self.written().resolve(&ObjectRef::from_obj(&obj), Some(obj.clone())).unwrap_or(obj)
+    }
+
+    /// Cached objects matching `predicate`, as [`Cache::get`] sees them.
+    pub fn filter(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+        let written = self.written();
+        self.store
+            .state_filter(&predicate)
+            .into_iter()
+            .filter_map(|obj| written.resolve(&ObjectRef::from_obj(&obj), Some(obj)))
+            .filter(|obj| predicate(obj))
+            .collect()
+    }
+
+    /// Record what the API server returned to our write (`None`: we deleted
+    /// the object `before`). `before` is the version the write was based on
+    /// (`None` for a create).
+    pub fn wrote(&self, before: Option<&K>, after: Option<K>, trim: fn(&mut K)) {
+        let after = after.map(|mut obj| {
+            trim(&mut obj);
+            Arc::new(obj)
+        });
+        self.written().record(before, after);
+    }
+
+    /// Resolves once the first full list has been stored.
+    pub async fn synced(&self) {
+        let mut rx = self.synced.subscribe();
+        // Err only if the sender is gone, and it lives as long as `self`.
+        let _ = rx.wait_for(|synced| *synced).await;
+    }
+
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// The reader the controller schedules syncs from.
+    pub fn store(&self) -> Store<K> {
+        self.store.clone()
+    }
+
+    fn observe(&self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Apply(obj) | watcher::Event::Delete(obj) | watcher::Event::InitApply(obj) => {
+                self.written().observe(obj)
+            }
+            watcher::Event::InitDone => {
+                self.synced.send_replace(true);
+            }
+            watcher::Event::Init => {}
+        }
+    }
+
+    fn written(&self) -> std::sync::MutexGuard<'_, Written<K>> {
+        // A panic elsewhere cannot leave the map half-written: keep using it.
+        self.written.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Our writes that the watch has not delivered yet, by object.
+struct Written<K: Resource<DynamicType = ()>> {
+    entries: HashMap<ObjectRef<K>, Entry<K>>,
+}
+
+impl<K: Resource<DynamicType = ()>> Default for Written<K> {
+    fn default() -> Self {
+        Written { entries: HashMap::new() }
+    }
+}
+
+struct Entry<K> {
+    /// The object written (its uid).
+    uid: Option<String>,
+    /// The resourceVersion our write replaced; `None` for a create.
+    replaced: Option<String>,
+    /// What the API server returned; `None` after a delete.
+    now: Option<Arc<K>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
+    fn record(&mut self, before: Option<&K>, after: Option<Arc<K>>) {
+        let Some(named) = after.as_deref().or(before) else { return };
+        let key = ObjectRef::from_obj(named);
+        let uid = named.uid();
+        let replaced = before.and_then(|b| b.resource_version());
+        self.entries.insert(key, Entry { uid, replaced, now: after });
+    }
+
+    /// The watch delivered `obj`: once that is our write or anything after
+    /// it, the cache knows better than our record.
+    fn observe(&mut self, obj: &K) {
+        let key = ObjectRef::from_obj(obj);
+        if self.entries.get(&key).is_some_and(|e| Self::supersedes(e, obj)) {
+            self.entries.remove(&key);
+        }
+    }
+
+    fn resolve(&self, key: &ObjectRef<K>, cached: Option<Arc<K>>) -> Option<Arc<K>> {
+        let Some(entry) = self.entries.get(key) else { return cached };
+        let stands_in = match (&entry.replaced, cached.as_deref()) {
+            // Our create: until the cache shows that very object, whatever
+            // it holds under the name is older.
+            (None, cached) => cached.is_none_or(|c| c.uid() != entry.uid),
+            // Our update or delete: only of the version the cache still
+            // holds. Anything else there is newer.
+            (Some(replaced), Some(c)) => c.uid() == entry.uid && c.resource_version().as_ref() == Some(replaced),
+            (Some(_), None) => false,
+        };
+        if stands_in { entry.now.clone() } else { cached }
+    }
+
+    /// True when `seen` is the written object at or after our write: same
+    /// uid, and not the version the write replaced. (A different uid is an
+    /// older object of the same name, whose deletion is still on its way.)
+    fn supersedes(entry: &Entry<K>, seen: &K) -> bool {
+        seen.uid() == entry.uid && seen.resource_version() != entry.replaced
+    }
+}
+
+/// Keep what a sync reads of a Deployment: identity, owner, deletion,
+/// `spec.replicas` and `status.availableReplicas`.
+pub fn trim_deployment(d: &mut Deployment) {
+    trim_metadata(d);
+    d.metadata.labels = None;
+    let replicas = d.spec.as_ref().and_then(|s| s.replicas);
+    d.spec = Some(DeploymentSpec { replicas, ..DeploymentSpec::default() });
+    let available = d.status.as_ref().and_then(|s| s.available_replicas);
+    d.status = Some(DeploymentStatus { available_replicas: available, ..DeploymentStatus::default() });
+}
+
+/// Keep a Foo's spec, status and identity.
+pub fn trim_foo(foo: &mut Foo) {
+    trim_metadata(foo);
+    foo.metadata.labels = None;
+}
+
+fn trim_metadata<K: Resource>(obj: &mut K) {
+    let meta = obj.meta_mut();
+    meta.managed_fields = None;
+    // kubectl's last-applied-configuration is a copy of the whole object.
+    meta.annotations = None;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{foo, owned_deployment};
+
+    fn key(d: &Deployment) -> ObjectRef<Deployment> {
+        ObjectRef::from_obj(d)
+    }
+
+    fn version(d: &Deployment, rv: &str, replicas: i32) -> Deployment {
+        let mut d = d.clone();
+        d.metadata.resource_version = Some(rv.into());
+        d.spec.as_mut().unwrap().replicas = Some(replicas);
+        d
+    }
+
+    #[test]
+    fn a_created_object_stands_in_until_the_watch_delivers_it() {
+        let d = owned_deployment(&foo("f", "d", Some(1)), 1, 0);
+        let mut w = Written::default();
+        w.record(None, Some(Arc::new(d.clone())));
+        assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d), "not in the cache yet");
+        w.observe(&d);
+        assert_eq!(w.resolve(&key(&d), None), None, "the watch saw it and then its deletion");
+    }
+
+    #[test]
+    fn a_patch_stands_in_for_the_version_it_replaced_only() {
+        let d = owned_deployment(&foo("f", "d", Some(1)), 1, 0);
+        let (old, ours, later) = (version(&d, "1", 1), version(&d, "2", 3), version(&d, "3", 5));
+        let mut w = Written::default();
+        w.record(Some(&old), Some(Arc::new(ours.clone())));
+        assert_eq!(w.resolve(&key(&d), Some(Arc::new(old.clone()))).as_deref(), Some(&ours));
+        assert_eq!(w.resolve(&key(&d), Some(Arc::new(later.clone()))).as_deref(), Some(&later));
+        // The watch delivering the replaced version (in flight) changes nothing.
+        w.observe(&old);
+        assert_eq!(w.resolve(&key(&d), Some(Arc::new(old))).as_deref(), Some(&ours));
+        w.observe(&ours);
+        assert!(w.entries.is_empty());
+    }
+
+    #[test]
+    fn a_deleted_object_is_gone_until_the_watch_shows_otherwise() {
+        let d = version(&owned_deployment(&foo("f", "d", Some(1)), 1, 0), "7", 1);
+        let mut w = Written::default();
+        w.record(Some(&d), None);
+        assert_eq!(w.resolve(&key(&d), Some(Arc::new(d.clone()))), None);
+        // A new object of that name (another uid) is not hidden by it.
+        let mut successor = d.clone();
+        successor.metadata.uid = Some("uid-successor".into());
+        w.observe(&successor);
+        assert_eq!(w.resolve(&key(&d), Some(Arc::new(successor.clone()))).as_deref(), Some(&successor));
+    }
+
+    #[test]
+    fn an_older_object_of_the_same_name_does_not_clear_our_create() {
+        let d = owned_deployment(&foo("f", "d", Some(1)), 1, 0);
+        let mut predecessor = d.clone();
+        predecessor.metadata.uid = Some("uid-predecessor".into());
+        let mut w = Written::default();
+        w.record(None, Some(Arc::new(d.clone())));
+        w.observe(&predecessor); // its Delete event, arriving late
+        assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d));
+    }
+
+    #[test]
+    fn trimmed_deployment_keeps_what_a_sync_reads() {
+        let f = foo("f", "d", Some(2));
+        let mut d = owned_deployment(&f, 2, 1);
+        d.metadata.annotations =
+            Some([("kubectl.kubernetes.io/last-applied-configuration".into(), "{}".into())].into());
+        trim_deployment(&mut d);
+        assert!(crate::deployment::is_controlled_by(&d, &f));
+        assert_eq!(crate::deployment::spec_replicas(&d), 2);
+        assert_eq!(crate::deployment::available_replicas(&d), 1);
+        assert_eq!(d.resource_version().as_deref(), Some("200"));
+        assert!(d.metadata.annotations.is_none() && d.metadata.labels.is_none());
+        assert!(d.spec.unwrap().template.spec.is_none(), "the pod template is dropped");
+    }
+}
