@@ -6,7 +6,11 @@
 KUBE_VERSION="v1.34.4"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_ROOT="${SAMPLE_CONTROLLER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sample-controller-rs}"
-ASSETS_DIR="${KUBEBUILDER_ASSETS:-$CACHE_ROOT/k8s/$KUBE_VERSION-$(go env GOOS 2>/dev/null || echo linux)-$(go env GOARCH 2>/dev/null || echo amd64)}"
+if [[ -z "${KUBEBUILDER_ASSETS:-}" ]]; then
+  # One `go env` for both values (each run costs a Go start-up).
+  { read -r GOOS_ && read -r GOARCH_; } < <(go env GOOS GOARCH 2>/dev/null || printf 'linux\namd64\n')
+fi
+ASSETS_DIR="${KUBEBUILDER_ASSETS:-$CACHE_ROOT/k8s/$KUBE_VERSION-${GOOS_:-linux}-${GOARCH_:-amd64}}"
 
 log() { echo "[$(basename "$0")] $*" >&2; }
 die() { echo "[$(basename "$0")] ERROR: $*" >&2; exit 1; }

@@ -75,6 +75,13 @@ extendedKeyUsage=clientAuth"
 ssl genrsa -out "$PKI/sa.key" 2048
 ssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub"
 
+# Ports and paths hack/local-chaos.sh needs to check a restarted component.
+cat > "$DIR/env" <<ENV
+ETCD_PORT=$ETCD_PORT
+APISERVER_PORT=$APISERVER_PORT
+PKI=$DIR/pki
+ENV
+
 b64() { base64 -w0 < "$1"; }
 write_kubeconfig() { # path
   cat > "$1" <<KC
@@ -99,6 +106,8 @@ KC
 
 start() { # name args...
   local name=$1; shift
+  # The command line, for hack/local-chaos.sh to start it again.
+  printf '%q ' "$ASSETS/$name" "$@" > "$DIR/$name.cmd"
   # setsid: the process outlives this script and its terminal.
   setsid "$ASSETS/$name" "$@" >"$DIR/logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$DIR/$name.pid"
@@ -157,13 +166,17 @@ wait_for kube-apiserver 120 curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.
   "https://127.0.0.1:$APISERVER_PORT/readyz"
 write_kubeconfig "$DIR/admin.kubeconfig"
 
+# Its client's default rate limit (20 requests/s) would make a few hundred
+# Deployments' ReplicaSets and Pods take minutes on this single-node plane.
 log "starting kube-controller-manager"
 start kube-controller-manager \
   --kubeconfig "$DIR/admin.kubeconfig" \
   --authentication-kubeconfig "$DIR/admin.kubeconfig" --authorization-kubeconfig "$DIR/admin.kubeconfig" \
   --secure-port 0 --leader-elect=false \
   --service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
-  --controllers "${LOCAL_UP_CONTROLLERS:-*}" --v 1
+  --controllers "${LOCAL_UP_CONTROLLERS:-*}" \
+  --kube-api-qps 200 --kube-api-burst 400 \
+  --v 1
 # The ServiceAccount controller creating "default" proves the controller
 # manager is running its loops; pods cannot be created before it.
 wait_for kube-controller-manager 120 kubectl --kubeconfig "$DIR/admin.kubeconfig" get serviceaccount default -n default

@@ -8,9 +8,9 @@ use std::time::Duration;
 use futures::FutureExt;
 use futures::future::Shared;
 use kube::Client;
-use tracing::{error, info};
+use tracing::info;
 
-use crate::cli::{Cli, parse_bind_address};
+use crate::cli::Cli;
 use crate::constants::USER_AGENT;
 use crate::controller::{self, Context, Settings};
 use crate::http::{self, Readiness};
@@ -67,10 +67,10 @@ pub async fn run(cli: Cli) -> Result<()> {
     let metrics = Arc::new(Metrics::new());
     metrics.set_max_workers(cli.workers);
     let readiness = Arc::new(Readiness::default());
-    if let Some(addr) = parse_bind_address(&cli.metrics_bind_address)? {
+    if let Some(addr) = cli.metrics_bind_address.0 {
         http::serve(addr, http::metrics_router(metrics.clone())).await?;
     }
-    if let Some(addr) = parse_bind_address(&cli.health_probe_bind_address)? {
+    if let Some(addr) = cli.health_probe_bind_address.0 {
         http::serve(addr, http::probes_router(readiness.clone())).await?;
     }
     let shutdown = shutdown_signal();
@@ -109,10 +109,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         // Dropping the controller future cancels its syncs: a replica that
         // is no longer sure to lead must not write again.
-        lost = elector.hold() => {
-            error!(lease = %lease, identity = %elector.identity(), ?lost, "leadership lost; exiting");
-            Err(Error::Leader(format!("lost the lease {lease}: {lost:?}")))
-        }
+        // Logged once, by main, as the reason for exiting.
+        reason = elector.hold() => Err(Error::LostLease { lease: lease.clone(), reason }),
     };
     metrics.set_leader(&lease, false);
     result

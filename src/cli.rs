@@ -27,8 +27,8 @@ pub struct Cli {
     pub kubeconfig: Option<String>,
 
     /// The address of the Kubernetes API server. Overrides any value in kubeconfig.
-    #[arg(long, env = "SAMPLE_CONTROLLER_MASTER", value_name = "URL")]
-    pub master: Option<String>,
+    #[arg(long, env = "SAMPLE_CONTROLLER_MASTER", value_name = "URL", value_parser = parse_master)]
+    pub master: Option<http::Uri>,
 
     /// Watch Foos in this namespace only (default: all namespaces).
     #[arg(long, env = "SAMPLE_CONTROLLER_NAMESPACE", value_name = "NAMESPACE")]
@@ -39,12 +39,12 @@ pub struct Cli {
     pub workers: u16,
 
     /// Address for Prometheus metrics (/metrics); "0" disables it.
-    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = ":8080", value_name = "ADDR")]
-    pub metrics_bind_address: String,
+    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = ":8080", value_name = "ADDR", value_parser = parse_bind_address)]
+    pub metrics_bind_address: BindAddress,
 
     /// Address for the liveness (/healthz) and readiness (/readyz) probes; "0" disables it.
-    #[arg(long, env = "SAMPLE_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081", value_name = "ADDR")]
-    pub health_probe_bind_address: String,
+    #[arg(long, env = "SAMPLE_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081", value_name = "ADDR", value_parser = parse_bind_address)]
+    pub health_probe_bind_address: BindAddress,
 
     /// Elect a leader through a coordination.k8s.io Lease; only the leader reconciles.
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
@@ -80,6 +80,10 @@ pub struct Cli {
     pub log_format: LogFormat,
 }
 
+/// Where to serve an endpoint; `None` when disabled ("0").
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BindAddress(pub Option<SocketAddr>);
+
 #[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogFormat {
     Text,
@@ -93,18 +97,15 @@ impl Cli {
     pub async fn kube_config(&self) -> Result<kube::Config> {
         let mut config = match (&self.kubeconfig, &self.master) {
             (Some(path), _) => {
-                let kc = Kubeconfig::read_from(path).map_err(|e| Error::Config(format!("kubeconfig {path}: {e}")))?;
-                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
-                    .await
-                    .map_err(|e| Error::Config(format!("kubeconfig {path}: {e}")))?
+                let error = |source| Error::Kubeconfig { path: path.clone(), source };
+                let kc = Kubeconfig::read_from(path).map_err(error)?;
+                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(error)?
             }
-            (None, Some(master)) => kube::Config::new(parse_master(master)?),
-            (None, None) => kube::Config::infer()
-                .await
-                .map_err(|e| Error::Config(format!("{e}; pass --kubeconfig, set KUBECONFIG, or run in a cluster")))?,
+            (None, Some(master)) => kube::Config::new(master.clone()),
+            (None, None) => kube::Config::infer().await.map_err(Error::NoClusterConfig)?,
         };
         if let Some(master) = &self.master {
-            config.cluster_url = parse_master(master)?;
+            config.cluster_url = master.clone();
         }
         Ok(config)
     }
@@ -119,20 +120,18 @@ impl Cli {
     }
 }
 
-fn parse_master(master: &str) -> Result<http::Uri> {
-    master.parse().map_err(|e| Error::Config(format!("--master {master:?}: {e}")))
+fn parse_master(master: &str) -> Result<http::Uri, String> {
+    master.parse().map_err(|e| format!("{master:?} is not a URL: {e}"))
 }
 
 /// A bind address in kubebuilder's forms: ":8080" (all interfaces),
-/// "127.0.0.1:8080", or "0" (disabled, `None`).
-pub fn parse_bind_address(addr: &str) -> Result<Option<SocketAddr>> {
+/// "127.0.0.1:8080", or "0" (disabled).
+pub fn parse_bind_address(addr: &str) -> Result<BindAddress, String> {
     if addr == "0" || addr.is_empty() {
-        return Ok(None);
+        return Ok(BindAddress(None));
     }
     let full = if addr.starts_with(':') { format!("0.0.0.0{addr}") } else { addr.to_owned() };
-    full.parse()
-        .map(Some)
-        .map_err(|e| Error::Config(format!("bind address {addr:?}: {e} (expected host:port, :port or 0)")))
+    full.parse().map(|a| BindAddress(Some(a))).map_err(|e| format!("{addr:?}: {e} (expected host:port, :port or 0)"))
 }
 
 /// Durations as Go writes them in flags: "15s", "500ms", "2m".
@@ -155,10 +154,12 @@ mod tests {
 
     #[test]
     fn bind_addresses_in_kubebuilder_forms() {
-        assert_eq!(parse_bind_address(":8080").unwrap(), Some("0.0.0.0:8080".parse().unwrap()));
-        assert_eq!(parse_bind_address("127.0.0.1:9").unwrap(), Some("127.0.0.1:9".parse().unwrap()));
-        assert_eq!(parse_bind_address("0").unwrap(), None);
-        assert!(parse_bind_address("nope").is_err());
+        assert_eq!(parse_bind_address(":8080").unwrap(), BindAddress(Some("0.0.0.0:8080".parse().unwrap())));
+        assert_eq!(parse_bind_address("127.0.0.1:9").unwrap(), BindAddress(Some("127.0.0.1:9".parse().unwrap())));
+        assert_eq!(parse_bind_address("0").unwrap(), BindAddress(None));
+        let err = Cli::try_parse_from(["sample-controller", "--metrics-bind-address", "nope"]).unwrap_err();
+        assert!(err.to_string().contains("expected host:port, :port or 0"), "{err}");
+        assert!(Cli::try_parse_from(["sample-controller", "--master", "not a url"]).is_err());
     }
 
     #[test]
@@ -175,8 +176,8 @@ mod tests {
         let cli = Cli::try_parse_from(["sample-controller"]).unwrap();
         assert_eq!(cli.workers, 2);
         assert!(!cli.leader_elect);
-        assert_eq!(cli.metrics_bind_address, ":8080");
-        assert_eq!(cli.health_probe_bind_address, ":8081");
+        assert_eq!(cli.metrics_bind_address, BindAddress(Some("0.0.0.0:8080".parse().unwrap())));
+        assert_eq!(cli.health_probe_bind_address, BindAddress(Some("0.0.0.0:8081".parse().unwrap())));
         let cli = Cli::try_parse_from(["sample-controller", "--leader-elect", "--workers", "4"]).unwrap();
         assert!(cli.leader_elect);
         assert_eq!(cli.workers, 4);

@@ -15,13 +15,13 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::utils::ResetTimerBackoff;
-use kube::runtime::watcher::{self, ExponentialBackoff, watcher};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher::{self, ExponentialBackoff};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, error, info, warn};
 
-use crate::cache::{Cache, trim_deployment, trim_foo};
+use crate::cache::{Cache, relisting_watcher, trim_deployment, trim_foo};
 use crate::constants::*;
 use crate::decision::{DeploymentAction, Outcome, Plan, decide};
 use crate::deployment::{is_controlled_by, managed_selector};
@@ -112,20 +112,38 @@ where
     }
 }
 
-/// Reconnect delay of the watches after an error: 200 ms doubling to 1 s,
-/// each with up to as much again of random jitter, back to 200 ms after 30 s
-/// without errors. A returning API server is noticed within about 2 s; one
-/// that stays down sees one attempt every 1–2 s, spread out by the jitter.
-/// (kube-runtime's default, client-go's 800 ms .. 30 s, left the controller
-/// idle for up to 30 s after an outage.)
-pub fn watch_backoff() -> ResetTimerBackoff<ExponentialBackoff> {
-    let exponential = backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(1))
+/// Reconnect delay of each watch after an error: 100 ms doubling to
+/// 500 ms, each with up to as much again of random jitter; back to 100 ms
+/// after any success (kube-runtime's `StreamBackoff` resets it). A returning
+/// API server is noticed within a second; one that stays down sees about one
+/// attempt a second per watch, spread out by the jitter. kube-runtime's
+/// default (client-go's reflector: 800 ms doubling to 30 s, applied to all
+/// watches together, so each watch's errors also paused the others) left the
+/// controller idle for up to 30 s after an outage.
+pub fn watch_backoff() -> ExponentialBackoff {
+    backon::ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(100))
+        .with_max_delay(Duration::from_millis(500))
         .with_factor(2.0)
         .with_jitter()
-        .without_max_times();
-    ResetTimerBackoff::new(exponential.into(), Duration::from_secs(30))
+        .without_max_times()
+        .into()
+}
+
+/// The controller's own backoff over all its triggers: none, as each watch
+/// backs off by itself.
+struct EachWatchBacksOff;
+
+impl Iterator for EachWatchBacksOff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        Some(Duration::ZERO)
+    }
+}
+
+impl Backoff for EachWatchBacksOff {
+    fn reset(&mut self) {}
 }
 
 /// Build the controller and the caches its syncs read: Foos, and the
@@ -138,16 +156,39 @@ pub fn build(client: &Client, settings: &Settings) -> (Controller<Foo>, Caches) 
     let deployment_watch = watcher::Config::default().labels(&managed_selector()).any_semantic();
     let (foos, foo_writer) = Cache::new();
     let (deployments, deployment_writer) = Cache::new();
-    let foo_events = watcher(api::<Foo>(client, settings.namespace.as_deref()), foo_watch);
-    let deployment_events = watcher(api::<Deployment>(client, settings.namespace.as_deref()), deployment_watch);
+    let foo_events =
+        relisting_watcher(api::<Foo>(client, settings.namespace.as_deref()), foo_watch).backoff(watch_backoff());
+    let (freed, freed_names) = futures::channel::mpsc::unbounded();
+    let deployment_events =
+        relisting_watcher(api::<Deployment>(client, settings.namespace.as_deref()), deployment_watch)
+            .backoff(watch_backoff())
+            .inspect(move |event| {
+                if let Ok(watcher::Event::Delete(d)) = event {
+                    let _ = freed.unbounded_send(ObjectRef::from_obj(d));
+                }
+            });
 
     let controller =
         Controller::for_stream(foos.reflect(foo_writer, foo_events, trim_foo).applied_objects(), foos.store())
             // Deletions too: a Deployment deleted by hand is put back.
             .owns_stream(deployments.reflect(deployment_writer, deployment_events, trim_deployment).touched_objects())
-            .trigger_backoff(watch_backoff())
+            .reconcile_on(waiting_for(foos.clone(), freed_names))
+            .trigger_backoff(EachWatchBacksOff)
             .with_config(ControllerConfig::default().concurrency(settings.workers));
     (controller, Caches { foos, deployments })
+}
+
+/// The Foos that name a Deployment of ours which was just deleted: one
+/// refused because another Foo held the name can take it now, rather than
+/// when its error backoff (up to 1000 s) runs out.
+fn waiting_for(
+    foos: Arc<Cache<Foo>>,
+    freed: impl futures::Stream<Item = ObjectRef<Deployment>> + Send + 'static,
+) -> impl futures::Stream<Item = ObjectRef<Foo>> + Send + 'static {
+    freed.flat_map(move |d| {
+        let naming = foos.filter(|f| f.namespace() == d.namespace && f.spec.deployment_name == d.name);
+        futures::stream::iter(naming.into_iter().map(|f| ObjectRef::from_obj(&*f)))
+    })
 }
 
 /// Run `controller` until `shutdown` resolves, then let in-flight syncs

@@ -44,11 +44,13 @@ impl Readiness {
 /// Bind `addr` now (so a bad address fails start-up) and serve `router` in
 /// the background.
 pub async fn serve(addr: SocketAddr, router: Router) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr: addr.to_string(), source })?;
-    tracing::info!(%addr, "serving HTTP");
+    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr, source })?;
+    // The bound address: with port 0 the kernel picks one, and this says which.
+    let bound = listener.local_addr().map_err(|source| Error::Http { addr, source })?;
+    tracing::info!(addr = %bound, "serving HTTP");
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!(%addr, error = %e, "HTTP server stopped");
+            tracing::error!(addr = %bound, error = %e, "HTTP server stopped");
         }
     }))
 }

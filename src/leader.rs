@@ -32,7 +32,7 @@ use crate::constants::FIELD_MANAGER;
 pub struct LeaderConfig {
     pub lease_name: String,
     pub namespace: String,
-    /// Unique per process: the pod name plus a random suffix.
+    /// Unique per process: see [`default_identity`].
     pub identity: String,
     pub lease_duration: Duration,
     pub renew_deadline: Duration,
@@ -40,11 +40,13 @@ pub struct LeaderConfig {
 }
 
 /// Why leadership ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
 pub enum Lost {
     /// Another candidate holds the Lease now.
+    #[error("{0} holds it now")]
     TakenOver(String),
     /// No renewal succeeded within the renew deadline.
+    #[error("no renewal succeeded within the renew deadline")]
     RenewDeadline,
 }
 
@@ -233,9 +235,9 @@ fn lease_changes(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = ()>
     })
 }
 
-/// A process-unique identity: the pod name (HOSTNAME in a pod) plus a random
-/// suffix, so a restarted container never mistakes its predecessor's Lease
-/// for its own.
+/// A process-unique identity: the pod name (HOSTNAME in a pod), the process
+/// id and the start time, so a restarted container never mistakes its
+/// predecessor's Lease for its own.
 pub fn default_identity() -> String {
     let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "sample-controller".into());
     let nanos = Timestamp::now().as_nanosecond();

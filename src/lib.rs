@@ -49,23 +49,31 @@ pub enum Error {
     #[error("Foo {0}: the API server returned it without a namespace")]
     MissingNamespace(String),
 
-    /// No usable cluster configuration (kubeconfig, in-cluster, flags).
-    #[error("cannot configure the Kubernetes client: {0}")]
-    Config(String),
+    /// The kubeconfig given with `--kubeconfig` cannot be used.
+    #[error("cannot use kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
 
-    /// The Kubernetes client could not be built, or the first API call at
-    /// start-up failed.
-    #[error("cannot reach the Kubernetes API: {0}")]
+    /// No kubeconfig and not in a cluster.
+    #[error("no cluster configuration found ({0}); pass --kubeconfig, set KUBECONFIG, or run in a cluster")]
+    NoClusterConfig(#[source] kube::config::InferConfigError),
+
+    /// The Kubernetes client could not be built.
+    #[error("cannot build the Kubernetes client: {0}")]
     Client(#[source] kube::Error),
 
-    /// Leader election failed in a way it cannot retry.
-    #[error("leader election: {0}")]
-    Leader(String),
+    /// This replica stopped leading; it exits so that it restarts as a
+    /// standby, as client-go and controller-runtime do.
+    #[error("lost the lease {lease}: {reason}")]
+    LostLease { lease: String, reason: leader::Lost },
 
-    /// A listener for metrics or probes could not be bound or failed.
-    #[error("HTTP server on {addr}: {source}")]
+    /// A listener for metrics or probes could not be bound.
+    #[error("cannot serve HTTP on {addr}: {source}")]
     Http {
-        addr: String,
+        addr: std::net::SocketAddr,
         #[source]
         source: std::io::Error,
     },

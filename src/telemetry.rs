@@ -5,8 +5,14 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
 
+/// `info`, without kube-client's own report of each failed request and
+/// dropped connection: the controller reports the failures that matter
+/// (a sync's, with its Foo; a watch's, as it reconnects), so WARN and ERROR
+/// lines are the ones someone should look at.
+pub const DEFAULT_FILTER: &str = "info,kube_client::client=error,kube_client::client::builder=off";
+
 pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     // A second init (tests) is harmless; ignore the error it returns.
     let _ = match format {

@@ -6,30 +6,33 @@ mod common;
 
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
+use kube::api::{DynamicObject, ListParams};
 use sample_controller::Foo;
 use serde_json::{Value, json};
 
-fn foo_resource() -> ApiResource {
-    ApiResource::from_gvk(&GroupVersionKind::gvk("samplecontroller.k8s.io", "v1alpha1", "Foo"))
+/// Create `object` as a Foo the way `kubectl apply` creates a new object:
+/// a POST with strict field validation (unknown fields are errors, not
+/// silently dropped).
+async fn apply_raw(ns: &TestNamespace, object: Value) -> Result<DynamicObject, kube::Error> {
+    let uri = format!("/apis/samplecontroller.k8s.io/v1alpha1/namespaces/{}/foos?fieldValidation=Strict", ns.name);
+    let request = http::Request::post(uri)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&object).unwrap())
+        .unwrap();
+    ns.client.request(request).await
 }
 
-async fn create_raw(ns: &TestNamespace, spec: Value) -> Result<DynamicObject, kube::Error> {
-    let api: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &foo_resource());
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "samplecontroller.k8s.io/v1alpha1",
-        "kind": "Foo",
-        "metadata": { "name": "bad-foo" },
-        "spec": spec,
-    }))
-    .unwrap();
-    api.create(&PostParams::default(), &obj).await
+/// A Foo named `bad-foo` with `spec` (anything, even not an object).
+fn foo_with_spec(spec: Value) -> Value {
+    json!({ "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo", "metadata": { "name": "bad-foo" }, "spec": spec })
 }
 
+/// The API server's message for a refused Foo (422 Invalid, or 400 for a
+/// body that does not decode under strict validation).
 fn rejection(result: Result<DynamicObject, kube::Error>) -> String {
     match result {
         Err(kube::Error::Api(s)) => {
-            assert_eq!(s.code, 422, "expected 422 Invalid, got {s:?}");
+            assert!(s.code == 422 || s.code == 400, "expected 422 Invalid or 400 BadRequest, got {s:?}");
             s.message
         }
         Err(e) => panic!("expected a validation error, got {e}"),
@@ -37,54 +40,161 @@ fn rejection(result: Result<DynamicObject, kube::Error>) -> String {
     }
 }
 
-#[tokio::test]
-async fn invalid_foos_are_rejected_with_a_clear_message() {
-    let ns = TestNamespace::new("invalid").await;
-    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
-    let cases = [
+/// Invalid Foos, each with what the refusal must say: the field it names
+/// and why.
+fn invalid_foos() -> Vec<(&'static str, Value, &'static str)> {
+    let spec = |s: Value| foo_with_spec(s);
+    let many_unknown: serde_json::Map<String, Value> = (0..500)
+        .map(|i| (format!("extra{i}"), json!("x".repeat(100))))
+        .chain([("deploymentName".into(), json!("d"))])
+        .collect();
+    vec![
         (
-            json!({ "deploymentName": "d", "replicas": 0 }),
+            "replicas 0",
+            spec(json!({ "deploymentName": "d", "replicas": 0 })),
             "spec.replicas: Invalid value: 0: spec.replicas in body should be greater than or equal to 1",
         ),
         (
-            json!({ "deploymentName": "d", "replicas": 11 }),
+            "replicas 11",
+            spec(json!({ "deploymentName": "d", "replicas": 11 })),
             "spec.replicas: Invalid value: 11: spec.replicas in body should be less than or equal to 10",
         ),
-        (json!({ "replicas": 1 }), "spec.deploymentName: Required value"),
         (
-            json!({ "deploymentName": "", "replicas": 1 }),
+            "negative replicas",
+            spec(json!({ "deploymentName": "d", "replicas": -1 })),
+            "spec.replicas: Invalid value: -1",
+        ),
+        ("huge replicas", spec(json!({ "deploymentName": "d", "replicas": 1_i64 << 40 })), "spec.replicas"),
+        (
+            "replicas as a string",
+            spec(json!({ "deploymentName": "d", "replicas": "three" })),
+            "spec.replicas: Invalid value: \"string\": spec.replicas in body must be of type integer",
+        ),
+        ("replicas as an empty string", spec(json!({ "deploymentName": "d", "replicas": "" })), "spec.replicas"),
+        ("fractional replicas", spec(json!({ "deploymentName": "d", "replicas": 1.5 })), "spec.replicas"),
+        ("replicas as a boolean", spec(json!({ "deploymentName": "d", "replicas": true })), "spec.replicas"),
+        ("replicas as an object", spec(json!({ "deploymentName": "d", "replicas": { "count": 2 } })), "spec.replicas"),
+        ("no deploymentName", spec(json!({ "replicas": 1 })), "spec.deploymentName: Required value"),
+        (
+            "empty deploymentName",
+            spec(json!({ "deploymentName": "", "replicas": 1 })),
             "spec.deploymentName: Invalid value: \"\": spec.deploymentName in body should be at least 1 chars long",
         ),
         (
-            json!({ "deploymentName": "Bad_Name", "replicas": 1 }),
-            "must be a valid Deployment name: a DNS-1123 subdomain",
-        ),
-        (json!({ "deploymentName": "-leading-dash" }), "must be a valid Deployment name"),
-        (json!({ "deploymentName": "a".repeat(254) }), "spec.deploymentName: Too long"),
-        (
-            json!({ "deploymentName": "d", "replicas": "three" }),
-            "spec.replicas: Invalid value: \"string\": spec.replicas in body must be of type integer",
+            "underscore and capitals",
+            spec(json!({ "deploymentName": "Bad_Name" })),
+            "spec.deploymentName: Invalid value: \"string\": must be a valid Deployment name: a DNS-1123 subdomain",
         ),
         (
-            json!({ "deploymentName": 5 }),
+            "leading dash",
+            spec(json!({ "deploymentName": "-leading-dash" })),
+            "spec.deploymentName: Invalid value: \"string\": must be a valid Deployment name",
+        ),
+        (
+            "trailing dash",
+            spec(json!({ "deploymentName": "trailing-" })),
+            "spec.deploymentName: Invalid value: \"string\": must be a valid Deployment name",
+        ),
+        (
+            "upper case",
+            spec(json!({ "deploymentName": "EXAMPLE" })),
+            "spec.deploymentName: Invalid value: \"string\": must be a valid Deployment name",
+        ),
+        (
+            "a space",
+            spec(json!({ "deploymentName": "example foo" })),
+            "spec.deploymentName: Invalid value: \"string\": must be a valid Deployment name",
+        ),
+        (
+            "an empty DNS label",
+            spec(json!({ "deploymentName": "a..b" })),
+            "spec.deploymentName: Invalid value: \"string\": must be a valid Deployment name",
+        ),
+        (
+            "non-ASCII",
+            spec(json!({ "deploymentName": "exämple" })),
+            "spec.deploymentName: Invalid value: \"string\": must be a valid Deployment name",
+        ),
+        (
+            "deploymentName of 254 characters",
+            spec(json!({ "deploymentName": "a".repeat(254) })),
+            "spec.deploymentName: Too long",
+        ),
+        (
+            "deploymentName of 100 000 characters",
+            spec(json!({ "deploymentName": "a".repeat(100_000) })),
+            "spec.deploymentName: Too long",
+        ),
+        (
+            "deploymentName as a number",
+            spec(json!({ "deploymentName": 5 })),
             "spec.deploymentName: Invalid value: \"integer\": spec.deploymentName in body must be of type string",
         ),
-    ];
-    for (spec, want) in cases {
-        let message = rejection(create_raw(&ns, spec.clone()).await);
-        assert!(message.contains(want), "spec {spec}: message {message:?} lacks {want:?}");
-    }
-    // Missing spec altogether.
-    let api: Api<DynamicObject> = Api::namespaced_with(ns.client.clone(), &ns.name, &foo_resource());
-    let obj: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo", "metadata": { "name": "no-spec" }
-    }))
-    .unwrap();
-    let message = rejection(api.create(&PostParams::default(), &obj).await);
-    assert!(message.contains("spec: Required value"), "{message}");
+        (
+            "deploymentName as a list",
+            spec(json!({ "deploymentName": ["a"] })),
+            "spec.deploymentName: Invalid value: \"array\": spec.deploymentName in body must be of type string",
+        ),
+        (
+            "deploymentName as an object",
+            spec(json!({ "deploymentName": { "name": "a" } })),
+            "unknown field \"spec.deploymentName.name\"",
+        ),
+        ("deploymentName null", spec(json!({ "deploymentName": null })), "spec.deploymentName: Required value"),
+        (
+            "spec as a string",
+            spec(json!("example-foo")),
+            "spec: Invalid value: \"string\": spec in body must be of type object",
+        ),
+        ("spec as a list", spec(json!([{ "deploymentName": "d" }])), "unknown field \"spec[0].deploymentName\""),
+        (
+            "unknown spec field",
+            spec(json!({ "deploymentName": "d", "image": "httpd" })),
+            "unknown field \"spec.image\"",
+        ),
+        ("misspelt field", spec(json!({ "deploymentname": "d" })), "unknown field \"spec.deploymentname\""),
+        ("a huge spec of unknown fields", spec(Value::Object(many_unknown)), "unknown field \"spec.extra0\""),
+        (
+            "unknown top-level field",
+            json!({ "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
+            "metadata": { "name": "bad-foo" }, "spec": { "deploymentName": "d" }, "owner": "me" }),
+            "unknown field \"owner\"",
+        ),
+        (
+            "no spec",
+            json!({ "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo", "metadata": { "name": "bad-foo" } }),
+            "spec: Required value",
+        ),
+        (
+            "name of 64 characters",
+            json!({ "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
+            "metadata": { "name": "a".repeat(64) }, "spec": { "deploymentName": "d" } }),
+            "metadata.name must be at most 63 characters",
+        ),
+    ]
+}
 
-    // A valid one goes through, so the failures above were about validity.
-    create_raw(&ns, json!({ "deploymentName": "fine.name-1", "replicas": 10 })).await.expect("valid Foo");
+#[tokio::test]
+async fn invalid_foos_are_rejected_with_a_message_that_names_the_field() {
+    let ns = TestNamespace::new("invalid").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    let cases = invalid_foos();
+    assert!(cases.len() >= 25);
+    let mut wrong = Vec::new();
+    for (what, object, want) in cases {
+        let message = rejection(apply_raw(&ns, object).await);
+        if !message.contains(want) {
+            wrong.push(format!("{what}: {message:?} lacks {want:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "refusals without the expected message:\n{}", wrong.join("\n"));
+
+    // A valid one goes through, so the failures above were about validity;
+    // the longest allowed name included.
+    let longest = "a".repeat(63);
+    let valid = json!({ "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
+        "metadata": { "name": longest }, "spec": { "deploymentName": "fine.name-1", "replicas": 10 } });
+    apply_raw(&ns, valid).await.expect("valid Foo");
     let foos = ns.api::<Foo>().list(&ListParams::default()).await.unwrap().items;
     assert_eq!(foos.len(), 1, "only the valid Foo exists");
     wait_until("the valid Foo's Deployment", TIMEOUT, || async { deployment(&ns, "fine.name-1").await }).await;

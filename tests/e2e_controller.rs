@@ -299,3 +299,65 @@ async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overw
     sync(foo, vec![current]).await.expect("the retry succeeds");
     assert_eq!(replicas(&deployment(&ns, "example-foo").await.unwrap()), Some(2));
 }
+
+/// The `Ready` condition's reason, once the Foo has one.
+async fn ready_reason(ns: &TestNamespace, foo: &str) -> Option<String> {
+    let foo = ns.api::<Foo>().get(foo).await.ok()?;
+    Some(foo.status?.conditions.into_iter().find(|c| c.type_ == "Ready")?.reason)
+}
+
+#[tokio::test]
+async fn two_foos_naming_one_deployment_the_second_waits_until_the_first_is_gone() {
+    let ns = TestNamespace::new("shared").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    let first = create_foo(&ns, "first", "shared", Some(1)).await;
+    let theirs = wait_for_deployment(&ns, "shared", |_| true).await;
+    create_foo(&ns, "second", "shared", Some(3)).await;
+    wait_until("the second Foo to be refused", TIMEOUT, || async {
+        (ready_reason(&ns, "second").await? == "ErrResourceExists").then_some(())
+    })
+    .await;
+    let d = deployment(&ns, "shared").await.unwrap();
+    assert_eq!((replicas(&d), d.owner_references()[0].uid.clone()), (Some(1), first.uid().unwrap()));
+    assert_eq!(d.metadata.generation, theirs.metadata.generation, "the owner's Deployment was modified");
+
+    // Only once the garbage collector removed the first one's Deployment
+    // does the second get its own (a new object, not a takeover).
+    ns.api::<Foo>().delete("first", &DeleteParams::background()).await.unwrap();
+    let second = ns.api::<Foo>().get("second").await.unwrap();
+    let mine = wait_for_deployment(&ns, "shared", |d| d.owner_references()[0].uid == second.uid().unwrap()).await;
+    assert_ne!(mine.uid(), theirs.uid());
+    assert_eq!(replicas(&mine), Some(3));
+}
+
+#[tokio::test]
+async fn a_foo_recreated_under_the_same_name_never_adopts_the_old_deployment() {
+    let ns = TestNamespace::new("recreate").await;
+    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    let old = create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    wait_for_deployment(&ns, "example-foo", |_| true).await;
+    // Hold the old Deployment while it is being collected.
+    let hold = json!({ "metadata": { "finalizers": ["sample-controller.test/hold"] } });
+    let deployments = ns.api::<Deployment>();
+    deployments.patch("example-foo", &PatchParams::default(), &Patch::Merge(&hold)).await.unwrap();
+    ns.api::<Foo>().delete("example-foo", &DeleteParams::background()).await.unwrap();
+    wait_until("the old Foo to be gone", TIMEOUT, || async {
+        ns.api::<Foo>().get_opt("example-foo").await.ok()?.is_none().then_some(())
+    })
+    .await;
+    let new = create_foo(&ns, "example-foo", "example-foo", Some(2)).await;
+    assert_ne!(new.uid(), old.uid());
+
+    wait_until("the new Foo to be refused the old Deployment", TIMEOUT, || async {
+        (ready_reason(&ns, "example-foo").await? == "ErrResourceExists").then_some(())
+    })
+    .await;
+    let held = wait_for_deployment(&ns, "example-foo", |d| d.metadata.deletion_timestamp.is_some()).await;
+    assert_eq!(held.owner_references()[0].uid, old.uid().unwrap(), "adopted by the new Foo");
+    assert_eq!(replicas(&held), Some(1), "scaled for the new Foo");
+
+    let release = json!({ "metadata": { "finalizers": null } });
+    deployments.patch("example-foo", &PatchParams::default(), &Patch::Merge(&release)).await.unwrap();
+    let fresh = wait_for_deployment(&ns, "example-foo", |d| d.owner_references()[0].uid == new.uid().unwrap()).await;
+    assert_eq!(replicas(&fresh), Some(2));
+}

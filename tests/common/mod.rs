@@ -4,12 +4,14 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::future::Future;
-use std::process::{Command, Output};
+use std::net::TcpListener;
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -206,6 +208,109 @@ where
     events.push(Ok(WatchEvent::InitDone));
     cache.reflect(writer, futures::stream::iter(events), trim).for_each(|_| async {}).await;
     cache
+}
+
+/// A `sample-controller` process; killed when dropped.
+pub struct Operator {
+    pub child: Child,
+    pub metrics: u16,
+    pub probes: u16,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Lease timings short enough for tests: 5 s lease, 3 s renew deadline,
+/// 1 s retry.
+pub const LEASE: Duration = Duration::from_secs(5);
+
+pub fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
+    let (metrics, probes) = (free_port(), free_port());
+    let log = std::fs::File::create(format!("{}/{log_name}.log", env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_sample-controller"))
+        .args(["--kubeconfig", kubeconfig, "--namespace", ns])
+        .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
+        .args(["--health-probe-bind-address", &format!("127.0.0.1:{probes}")])
+        .args(extra)
+        .env("RUST_LOG", "info,sample_controller=debug")
+        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start sample-controller");
+    Operator { child, metrics, probes }
+}
+
+/// Leader-election flags for a candidate in `ns`: the renew deadline is 3/5
+/// of the lease, the retry period 1 s.
+pub fn election_args(ns: &str, lease_duration: Duration) -> Vec<String> {
+    let secs = lease_duration.as_secs();
+    vec![
+        "--leader-elect".into(),
+        "--leader-election-id=sample-controller-test".into(),
+        format!("--leader-election-namespace={ns}"),
+        format!("--leader-elect-lease-duration={secs}s"),
+        format!("--leader-elect-renew-deadline={}s", (secs * 3 / 5).max(1)),
+        "--leader-elect-retry-period=1s".into(),
+    ]
+}
+
+pub fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operator {
+    let args = election_args(ns, lease_duration);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_operator(ns, &kubeconfig_path(), &args, &format!("{ns}-{name}"))
+}
+
+pub const LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller-test\"}";
+
+/// The identity holding the test Lease, if any.
+pub async fn holder(ns: &TestNamespace) -> Option<String> {
+    let lease = ns.api::<Lease>().get_opt("sample-controller-test").await.ok()??;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+/// Wait until exactly one of `ops` reports itself leader; return its index.
+pub async fn one_leader(ops: &[&Operator]) -> usize {
+    wait_until("exactly one leader", TIMEOUT, || async {
+        let mut leaders = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match metric(op, LEADER_SERIES).await {
+                Some(1.0) => leaders.push(i),
+                Some(_) => {}
+                None => return None, // not up yet
+            }
+        }
+        (leaders.len() == 1).then(|| leaders[0])
+    })
+    .await
+}
+
+/// GET a path on localhost: (status code, body); None if nothing listens.
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).await.ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split(' ').nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    Some((code, body))
+}
+
+/// The value of the first sample whose line starts with `series`.
+pub async fn metric(op: &Operator, series: &str) -> Option<f64> {
+    let (_, body) = http_get(op.metrics, "/metrics").await?;
+    body.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
 }
 
 /// Poll `probe` every 200 ms until it returns `Some`, or panic after `timeout`.

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Fault injection on a running local control plane (hack/local-up.sh, same
+# LOCAL_UP_DIR), for the chaos tests and for trying failures by hand:
+#
+#   hack/local-chaos.sh kill  COMPONENT   SIGKILL it: no clean shutdown
+#   hack/local-chaos.sh start COMPONENT   start it again with the same flags
+#                                          and data; return once it serves
+#
+# COMPONENT: etcd, kube-apiserver or kube-controller-manager.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+DIR="${LOCAL_UP_DIR:-$REPO_ROOT/.local/control-plane}"
+(( $# == 2 )) || die "usage: $0 kill|start etcd|kube-apiserver|kube-controller-manager"
+action=$1 name=$2
+[[ -f "$DIR/$name.cmd" ]] || die "no $name in $DIR (start the plane with hack/local-up.sh)"
+# shellcheck source=/dev/null
+source "$DIR/env"
+
+serving() {
+  case $name in
+    etcd) curl -fsS "http://127.0.0.1:$ETCD_PORT/health" ;;
+    kube-apiserver) curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+        "https://127.0.0.1:$APISERVER_PORT/readyz" ;;
+    kube-controller-manager) kill -0 "$(cat "$DIR/$name.pid")" ;;
+  esac
+}
+
+case $action in
+  kill)
+    pid="$(cat "$DIR/$name.pid")"
+    kill -KILL "$pid" 2>/dev/null || true
+    while kill -0 "$pid" 2>/dev/null; do sleep 0.05; done
+    ;;
+  start)
+    setsid bash -c "exec $(cat "$DIR/$name.cmd")" >>"$DIR/logs/$name.log" 2>&1 < /dev/null &
+    echo $! > "$DIR/$name.pid"
+    for _ in $(seq 1 1200); do
+      serving >/dev/null 2>&1 && exit 0
+      sleep 0.05
+    done
+    die "$name did not serve within 60s after restart (log: $DIR/logs/$name.log)"
+    ;;
+  *) die "unknown action $action (kill or start)" ;;
+esac

@@ -1,0 +1,304 @@
+//! Chaos: the operator process while its control plane fails under it.
+//! kube-apiserver and etcd are SIGKILLed and restarted (hack/local-chaos.sh),
+//! the operator is SIGKILLed at random moments, its leader is killed in the
+//! middle of a convergence, Foos change while it is down. Each scenario ends
+//! by checking the end state exactly and prints how long recovery took.
+//!
+//! The scenarios take the shared control plane down, so they run one at a
+//! time, in their own test binary (cargo runs test binaries one after the
+//! other).
+
+mod common;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::*;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use sample_controller::decision::{DeploymentAction, decide};
+use sample_controller::{Foo, FooSpec};
+use serde_json::json;
+
+/// One scenario at a time: they stop the plane everyone uses.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// "A few hundred Foos" converging while things fail.
+const MANY: usize = 200;
+/// Recovery must be a matter of seconds; this bound leaves room for a
+/// loaded CI machine (the README reports the measured times).
+const RECOVERY_BOUND: Duration = Duration::from_secs(15);
+const CONVERGE_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// `hack/local-chaos.sh ACTION COMPONENT` on the test control plane.
+fn chaos(action: &str, component: &str) {
+    let dir = std::env::var("LOCAL_UP_DIR").unwrap_or_else(|_| {
+        panic!(
+            "the chaos tests restart components of the local control plane and need LOCAL_UP_DIR, \
+             the directory hack/local-up.sh ran in; run them through hack/test.sh"
+        )
+    });
+    let status = Command::new("hack/local-chaos.sh")
+        .args([action, component])
+        .env("LOCAL_UP_DIR", dir)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("run hack/local-chaos.sh");
+    assert!(status.success(), "hack/local-chaos.sh {action} {component} failed");
+}
+
+/// Kill `component`, leave it down for `outage`, start it again; returns
+/// when it serves.
+async fn outage(component: &str, outage: Duration) {
+    chaos("kill", component);
+    tokio::time::sleep(outage).await;
+    chaos("start", component);
+}
+
+/// After an API server outage the controller-manager's own watches recover
+/// on client-go's schedule (up to 30 s between attempts, then a minute or
+/// more to catch up); the next scenario needs it working (new namespaces
+/// get their ServiceAccount from it), so it is restarted.
+fn restart_controller_manager_after(component: &str) {
+    if component == "kube-apiserver" {
+        chaos("kill", "kube-controller-manager");
+        chaos("start", "kube-controller-manager");
+    }
+}
+
+fn operator(ns: &TestNamespace, tag: &str, extra: &[&str]) -> Operator {
+    spawn_operator(&ns.name, &kubeconfig_path(), extra, &format!("{}-{tag}", ns.name))
+}
+
+fn kill(op: &mut Operator) {
+    op.child.kill().expect("SIGKILL the operator");
+    op.child.wait().expect("reap the operator");
+}
+
+/// Foos `foo-0` .. `foo-{n-1}`, each naming a Deployment of its own name,
+/// replicas 1 to 3.
+async fn create_foos(ns: &TestNamespace, n: usize) {
+    let api = ns.api::<Foo>();
+    futures::stream::iter(0..n)
+        .for_each_concurrent(16, |i| {
+            let api = api.clone();
+            async move {
+                let spec = FooSpec { deployment_name: format!("foo-{i}"), replicas: Some(i as i32 % 3 + 1) };
+                api.create(&PostParams::default(), &Foo::new(&format!("foo-{i}"), spec)).await.expect("create Foo");
+            }
+        })
+        .await;
+}
+
+async fn set_replicas(ns: &TestNamespace, foo: &str, replicas: i32) {
+    let patch = json!({ "spec": { "replicas": replicas } });
+    ns.api::<Foo>().patch(foo, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("edit Foo");
+}
+
+async fn deployments(ns: &TestNamespace) -> Vec<Deployment> {
+    ns.api::<Deployment>().list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default()
+}
+
+/// The exact end state, or what is still wrong: one Deployment per Foo,
+/// named by it, controlled by it (this very Foo's uid), with its replicas;
+/// no Deployment without its Foo; every status exactly what a sync of the
+/// Deployment as it is now would write (generation, availability, Ready).
+async fn end_state(ns: &TestNamespace) -> Result<(), String> {
+    let foos = ns.api::<Foo>().list(&ListParams::default()).await.map_err(|e| e.to_string())?.items;
+    let deployments = ns.api::<Deployment>().list(&ListParams::default()).await.map_err(|e| e.to_string())?.items;
+    if deployments.len() != foos.len() {
+        return Err(format!("{} Deployments for {} Foos", deployments.len(), foos.len()));
+    }
+    let by_name: HashMap<String, &Deployment> = deployments.iter().map(|d| (d.name_any(), d)).collect();
+    for foo in &foos {
+        let name = &foo.spec.deployment_name;
+        let d = by_name.get(name).ok_or_else(|| format!("Foo {} has no Deployment {name}", foo.name_any()))?;
+        let controllers: Vec<_> = d.owner_references().iter().filter(|r| r.controller == Some(true)).collect();
+        if controllers.len() != 1 || Some(&controllers[0].uid) != foo.uid().as_ref() {
+            return Err(format!("Deployment {name} is not controlled by Foo {}: {controllers:?}", foo.name_any()));
+        }
+        if replicas(d) != foo.spec.replicas {
+            return Err(format!(
+                "Deployment {name} has {:?} replicas, its Foo asks {:?}",
+                replicas(d),
+                foo.spec.replicas
+            ));
+        }
+        let next = decide(foo, Some(d), &[], &Time(Timestamp::now()));
+        if next.deployment != DeploymentAction::None || next.status.is_some() {
+            return Err(format!("Foo {} not in sync: a sync would still {next:?}", foo.name_any()));
+        }
+    }
+    Ok(())
+}
+
+/// Wait for [`end_state`]; returns how long that took.
+async fn converged(ns: &TestNamespace, what: &str) -> Duration {
+    let start = Instant::now();
+    let mut last = String::new();
+    while start.elapsed() < CONVERGE_TIMEOUT {
+        match end_state(ns).await {
+            Ok(()) => return start.elapsed(),
+            Err(e) => last = e,
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("{what}: not converged after {CONVERGE_TIMEOUT:?}: {last}");
+}
+
+/// Wait until at least `n` Deployments exist: the middle of a convergence.
+async fn until_deployments(ns: &TestNamespace, n: usize) {
+    wait_until(&format!("{n} Deployments"), TIMEOUT, || async { (deployments(ns).await.len() >= n).then_some(()) })
+        .await;
+}
+
+/// Edit a Foo and time until its Deployment shows it.
+async fn edit_to_deployment(ns: &TestNamespace, foo: &str, replicas: i32) -> Duration {
+    let start = Instant::now();
+    set_replicas(ns, foo, replicas).await;
+    loop {
+        if deployment(ns, foo).await.is_some_and(|d| common::replicas(&d) == Some(replicas)) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < CONVERGE_TIMEOUT, "the edit of {foo} never reached its Deployment");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn steady_state_outage(component: &str, prefix: &str) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ns = TestNamespace::new(prefix).await;
+    let _op = operator(&ns, "op", &[]);
+    create_foos(&ns, 20).await;
+    converged(&ns, "before the outage").await;
+
+    outage(component, Duration::from_secs(3)).await;
+    // `start` returned once the component serves (kube-apiserver: /readyz ok).
+    let recovery = edit_to_deployment(&ns, "foo-0", 5).await;
+    println!("{component} SIGKILL, 3 s down: an edit made once it served again reached its Deployment in {recovery:?}");
+    assert!(recovery < RECOVERY_BOUND, "recovery took {recovery:?}");
+    converged(&ns, "after the outage").await;
+    restart_controller_manager_after(component);
+}
+
+async fn outage_during_convergence(component: &str, prefix: &str) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ns = TestNamespace::new(prefix).await;
+    create_foos(&ns, MANY).await;
+    let _op = operator(&ns, "op", &[]);
+    until_deployments(&ns, MANY / 4).await;
+
+    outage(component, Duration::from_secs(3)).await;
+    let took = converged(&ns, "after the outage").await;
+    println!("{component} SIGKILL during the convergence of {MANY} Foos: converged {took:?} after it served again");
+    restart_controller_manager_after(component);
+}
+
+#[tokio::test]
+async fn api_server_killed_in_steady_state() {
+    steady_state_outage("kube-apiserver", "chaos-apiserver").await;
+}
+
+#[tokio::test]
+async fn api_server_killed_during_convergence() {
+    outage_during_convergence("kube-apiserver", "chaos-apiserver-busy").await;
+}
+
+#[tokio::test]
+async fn etcd_killed_in_steady_state() {
+    steady_state_outage("etcd", "chaos-etcd").await;
+}
+
+#[tokio::test]
+async fn etcd_killed_during_convergence() {
+    outage_during_convergence("etcd", "chaos-etcd-busy").await;
+}
+
+#[tokio::test]
+async fn operator_killed_at_random_moments_while_foos_converge() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ns = TestNamespace::new("chaos-crash").await;
+    create_foos(&ns, MANY).await;
+    // Kill points spread over the convergence; printed so a failure can be
+    // replayed.
+    let seed = Timestamp::now().subsec_nanosecond().unsigned_abs();
+    for round in 0..4u32 {
+        let mut op = operator(&ns, &format!("crash-{round}"), &[]);
+        let after = Duration::from_millis(200 + u64::from(seed.rotate_left(round * 8) % 1300));
+        tokio::time::sleep(after).await;
+        kill(&mut op);
+        println!("operator SIGKILL #{round} after {after:?}: {} Deployments", deployments(&ns).await.len());
+    }
+    let _op = operator(&ns, "final", &[]);
+    let took = converged(&ns, "after four crashes").await;
+    println!("operator killed 4 times during the convergence of {MANY} Foos: converged {took:?} after the restart");
+}
+
+#[tokio::test]
+async fn leader_killed_mid_convergence_hands_over_without_writes_from_the_old_one() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ns = TestNamespace::new("chaos-leader").await;
+    let mut a = spawn_candidate(&ns.name, LEASE, "a");
+    let mut b = spawn_candidate(&ns.name, LEASE, "b");
+    let leader = one_leader(&[&a, &b]).await;
+    let old = holder(&ns).await.expect("a Lease holder");
+    create_foos(&ns, MANY).await;
+    until_deployments(&ns, MANY / 4).await;
+
+    let (dead, survivor) = if leader == 0 { (&mut a, &b) } else { (&mut b, &a) };
+    kill(dead);
+    let killed = Timestamp::now();
+    let new = wait_until("another Lease holder", TIMEOUT, || async { holder(&ns).await.filter(|h| *h != old) }).await;
+    let took = converged(&ns, "after the leader's death").await;
+    println!("leader SIGKILL during the convergence of {MANY} Foos: converged {took:?} after the takeover");
+    assert_eq!(metric(survivor, LEADER_SERIES).await, Some(1.0));
+
+    // Events name their writer: after the kill, only the new leader wrote.
+    let events = ns.api::<Event>().list(&ListParams::default()).await.unwrap().items;
+    for e in &events {
+        let at = e.series.as_ref().map(|s| s.last_observed_time.0).or(e.event_time.as_ref().map(|t| t.0));
+        if at.is_some_and(|at| at > killed) {
+            assert_eq!(e.reporting_instance.as_deref(), Some(new.as_str()), "written after the kill: {e:?}");
+        }
+    }
+    assert!(events.iter().any(|e| e.reporting_instance.as_deref() == Some(new.as_str())), "the new leader wrote");
+}
+
+#[tokio::test]
+async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let ns = TestNamespace::new("chaos-down").await;
+    let mut op = operator(&ns, "before", &[]);
+    create_foos(&ns, 20).await;
+    converged(&ns, "before the edits").await;
+    let pid = op.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    op.child.wait().unwrap();
+
+    for i in 0..10 {
+        set_replicas(&ns, &format!("foo-{i}"), 10 - i).await;
+    }
+    let rename = json!({ "spec": { "deploymentName": "renamed" } });
+    ns.api::<Foo>().patch("foo-10", &PatchParams::default(), &Patch::Merge(&rename)).await.unwrap();
+    for name in ["foo-11", "foo-12"] {
+        delete_deployment(&ns, name).await;
+    }
+    ns.api::<Foo>().delete("foo-13", &DeleteParams::background()).await.unwrap();
+    create_foos_named(&ns, "late").await;
+
+    let _op = operator(&ns, "after", &[]);
+    let took = converged(&ns, "after the restart").await;
+    println!("Foo edits made while the operator was down: in place {took:?} after its restart");
+    assert!(deployment(&ns, "foo-10").await.is_none(), "the renamed Foo's old Deployment is removed");
+}
+
+async fn create_foos_named(ns: &TestNamespace, name: &str) {
+    let foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(2) });
+    ns.api::<Foo>().create(&PostParams::default(), &foo).await.expect("create Foo");
+}
