@@ -45,7 +45,7 @@ kubectl apply -f crds/ >/dev/null
 kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >/dev/null
 log "release builds"
 cargo build --locked --release --quiet --bin sample-controller
-cargo bench --locked --quiet --no-run --bench floor --bench edit_latency 2>/dev/null
+cargo bench --locked --quiet --no-run --bench floor --bench edit_latency
 BIN="$REPO_ROOT/target/release/sample-controller"
 workers_flag=()
 [[ -n "$WORKERS" ]] && workers_flag=(--workers "$WORKERS")

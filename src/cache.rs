@@ -242,7 +242,7 @@ fn trim_metadata<K: Resource>(obj: &mut K) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{foo, owned_deployment};
+    use crate::testing::{DeploymentFixture, FooFixture};
 
     fn key(d: &Deployment) -> ObjectRef<Deployment> {
         ObjectRef::from_obj(d)
@@ -257,7 +257,7 @@ mod tests {
 
     #[test]
     fn a_created_object_stands_in_until_the_watch_delivers_it() {
-        let d = owned_deployment(&foo("f", "d", Some(1)), 1, 0);
+        let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
         let mut w = Written::default();
         w.record(None, Some(Arc::new(d.clone())));
         assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d), "not in the cache yet");
@@ -267,7 +267,7 @@ mod tests {
 
     #[test]
     fn a_patch_stands_in_for_the_version_it_replaced_only() {
-        let d = owned_deployment(&foo("f", "d", Some(1)), 1, 0);
+        let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
         let (old, ours, later) = (version(&d, "1", 1), version(&d, "2", 3), version(&d, "3", 5));
         let mut w = Written::default();
         w.record(Some(&old), Some(Arc::new(ours.clone())));
@@ -282,7 +282,7 @@ mod tests {
 
     #[test]
     fn a_deleted_object_is_gone_until_the_watch_shows_otherwise() {
-        let d = version(&owned_deployment(&foo("f", "d", Some(1)), 1, 0), "7", 1);
+        let d = version(&Deployment::owned_by(&Foo::test("f").deployment("d")), "7", 1);
         let mut w = Written::default();
         w.record(Some(&d), None);
         assert_eq!(w.resolve(&key(&d), Some(Arc::new(d.clone()))), None);
@@ -295,7 +295,7 @@ mod tests {
 
     #[test]
     fn an_older_object_of_the_same_name_does_not_clear_our_create() {
-        let d = owned_deployment(&foo("f", "d", Some(1)), 1, 0);
+        let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
         let mut predecessor = d.clone();
         predecessor.metadata.uid = Some("uid-predecessor".into());
         let mut w = Written::default();
@@ -306,8 +306,8 @@ mod tests {
 
     #[test]
     fn trimmed_deployment_keeps_what_a_sync_reads() {
-        let f = foo("f", "d", Some(2));
-        let mut d = owned_deployment(&f, 2, 1);
+        let f = Foo::test("f").deployment("d").replicas(2);
+        let mut d = Deployment::owned_by(&f).replicas(2).available(1);
         d.metadata.annotations =
             Some([("kubectl.kubernetes.io/last-applied-configuration".into(), "{}".into())].into());
         trim_deployment(&mut d);

@@ -224,7 +224,7 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     let started = Instant::now();
     let obj = ObjectRef::from_obj(&*foo);
     let result = sync(foo, &ctx).await;
-    ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref().err());
+    ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref());
     if result.is_ok() {
         ctx.reset_backoff(&obj);
     }

@@ -214,7 +214,7 @@ fn normal(reason: &'static str, message: String) -> EventSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{foo, foreign_deployment, owned_deployment};
+    use crate::testing::{DeploymentFixture, FooFixture};
     use k8s_openapi::jiff::Timestamp;
 
     fn now() -> Time {
@@ -233,7 +233,7 @@ mod tests {
 
     #[test]
     fn creates_deployment_when_missing() {
-        let foo = foo("example-foo", "example-foo", Some(1));
+        let foo = Foo::test("example-foo").replicas(1);
         let plan = decide(&foo, None, &[], &now());
         let DeploymentAction::Create(d) = &plan.deployment else {
             panic!("expected a create, got {:?}", plan.deployment)
@@ -251,10 +251,10 @@ mod tests {
     fn the_status_written_at_creation_is_the_one_the_new_deployment_shows() {
         // The Deployment's creation (and the Deployment controller's status
         // updates until a pod is available) must not cost a second write.
-        let foo = foo("example-foo", "example-foo", Some(2));
+        let foo = Foo::test("example-foo").replicas(2);
         let created = decide(&foo, None, &[], &now());
         let foo = with_status(foo, &created);
-        let d = owned_deployment(&foo, 2, 0);
+        let d = Deployment::owned_by(&foo).replicas(2).available(0);
         let next = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
         assert!(!next.writes(), "{next:?}");
         assert!(next.events.is_empty());
@@ -262,8 +262,8 @@ mod tests {
 
     #[test]
     fn does_nothing_when_in_sync() {
-        let foo = foo("example-foo", "example-foo", Some(2));
-        let d = owned_deployment(&foo, 2, 2);
+        let foo = Foo::test("example-foo").replicas(2);
+        let d = Deployment::owned_by(&foo).replicas(2).available(2);
         // First sync records the status...
         let first = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
         assert_eq!(first.deployment, DeploymentAction::None);
@@ -280,8 +280,8 @@ mod tests {
 
     #[test]
     fn updates_deployment_replicas_when_they_differ() {
-        let foo = foo("example-foo", "example-foo", Some(3));
-        let d = owned_deployment(&foo, 1, 1);
+        let foo = Foo::test("example-foo").replicas(3);
+        let d = Deployment::owned_by(&foo).replicas(1).available(1);
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(
             plan.deployment,
@@ -295,8 +295,8 @@ mod tests {
 
     #[test]
     fn unset_replicas_leave_the_deployment_replicas_alone() {
-        let foo = foo("example-foo", "example-foo", None);
-        let d = owned_deployment(&foo, 4, 4);
+        let foo = Foo::test("example-foo").unset_replicas();
+        let d = Deployment::owned_by(&foo).replicas(4).available(4);
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(plan.deployment, DeploymentAction::None);
         assert_eq!(plan.status.unwrap().conditions[0].status, "True");
@@ -304,8 +304,8 @@ mod tests {
 
     #[test]
     fn not_controlled_by_us_is_refused_without_touching_it() {
-        let foo = foo("example-foo", "example-foo", Some(3));
-        let d = foreign_deployment("example-foo", 1);
+        let foo = Foo::test("example-foo").replicas(3);
+        let d = Deployment::foreign("example-foo").replicas(1);
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(plan.deployment, DeploymentAction::None);
         assert!(plan.delete.is_empty());
@@ -320,8 +320,8 @@ mod tests {
 
     #[test]
     fn a_deployment_of_a_previous_foo_with_the_same_name_is_not_ours() {
-        let old = foo("example-foo", "example-foo", Some(1));
-        let d = owned_deployment(&old, 1, 1);
+        let old = Foo::test("example-foo").replicas(1);
+        let d = Deployment::owned_by(&old).replicas(1).available(1);
         let mut new = old.clone();
         new.metadata.uid = Some("uid-recreated".into());
         let plan = decide(&new, Some(&d), &[Arc::new(d.clone())], &now());
@@ -331,11 +331,11 @@ mod tests {
 
     #[test]
     fn status_follows_the_deployment_available_replicas() {
-        let foo = foo("example-foo", "example-foo", Some(2));
-        let d = owned_deployment(&foo, 2, 0);
+        let foo = Foo::test("example-foo").replicas(2);
+        let d = Deployment::owned_by(&foo).replicas(2).available(0);
         let first = decide(&foo, Some(&d), &[], &now());
         let foo = with_status(foo, &first);
-        let ready = owned_deployment(&foo, 2, 2);
+        let ready = Deployment::owned_by(&foo).replicas(2).available(2);
         let plan = decide(&foo, Some(&ready), &[], &now());
         assert_eq!(plan.deployment, DeploymentAction::None);
         let status = plan.status.as_ref().unwrap();
@@ -347,8 +347,8 @@ mod tests {
 
     #[test]
     fn a_new_generation_is_recorded_in_status() {
-        let foo = foo("example-foo", "example-foo", Some(2));
-        let d = owned_deployment(&foo, 2, 2);
+        let foo = Foo::test("example-foo").replicas(2);
+        let d = Deployment::owned_by(&foo).replicas(2).available(2);
         let mut foo = with_status(foo.clone(), &decide(&foo, Some(&d), &[], &now()));
         foo.metadata.generation = Some(2);
         let plan = decide(&foo, Some(&d), &[], &now());
@@ -359,24 +359,27 @@ mod tests {
 
     #[test]
     fn condition_transition_time_moves_only_when_its_status_flips() {
-        let foo = foo("example-foo", "example-foo", Some(2));
+        let foo = Foo::test("example-foo").replicas(2);
         let t0 = now();
         let t1 = Time(Timestamp::from_second(1_800_000_100).unwrap());
         let t2 = Time(Timestamp::from_second(1_800_000_200).unwrap());
-        let foo = with_status(foo.clone(), &decide(&foo, Some(&owned_deployment(&foo, 2, 0)), &[], &t0));
+        let foo = with_status(
+            foo.clone(),
+            &decide(&foo, Some(&Deployment::owned_by(&foo).replicas(2).available(0)), &[], &t0),
+        );
         // 0 -> 1 available: still False, time kept.
-        let plan = decide(&foo, Some(&owned_deployment(&foo, 2, 1)), &[], &t1);
+        let plan = decide(&foo, Some(&Deployment::owned_by(&foo).replicas(2).available(1)), &[], &t1);
         let foo = with_status(foo, &plan);
         assert_eq!(foo.status.as_ref().unwrap().conditions[0].last_transition_time, t0);
         // 1 -> 2 available: flips to True, time moves.
-        let plan = decide(&foo, Some(&owned_deployment(&foo, 2, 2)), &[], &t2);
+        let plan = decide(&foo, Some(&Deployment::owned_by(&foo).replicas(2).available(2)), &[], &t2);
         assert_eq!(plan.status.unwrap().conditions[0].last_transition_time, t2);
     }
 
     #[test]
     fn other_conditions_are_kept_in_place() {
-        let mut foo = foo("example-foo", "example-foo", Some(1));
-        let d = owned_deployment(&foo, 1, 1);
+        let mut foo = Foo::test("example-foo").replicas(1);
+        let d = Deployment::owned_by(&foo).replicas(1).available(1);
         let mut other = ready(true, "X", "set by another tool");
         other.type_ = "Audited".into();
         foo.status = Some(FooStatus { conditions: vec![other.clone()], ..Default::default() });
@@ -388,8 +391,8 @@ mod tests {
 
     #[test]
     fn old_deployment_is_deleted_after_deployment_name_changes() {
-        let before = foo("example-foo", "old-name", Some(1));
-        let old = owned_deployment(&before, 1, 1);
+        let before = Foo::test("example-foo").deployment("old-name").replicas(1);
+        let old = Deployment::owned_by(&before).replicas(1).available(1);
         let mut after = before.clone();
         after.spec.deployment_name = "new-name".into();
         after.metadata.generation = Some(2);
@@ -402,23 +405,25 @@ mod tests {
 
     #[test]
     fn old_deployment_is_kept_while_the_new_name_is_taken_by_someone_else() {
-        let before = foo("example-foo", "old-name", Some(1));
-        let old = owned_deployment(&before, 1, 1);
+        let before = Foo::test("example-foo").deployment("old-name").replicas(1);
+        let old = Deployment::owned_by(&before).replicas(1).available(1);
         let mut after = before.clone();
         after.spec.deployment_name = "taken".into();
-        let plan = decide(&after, Some(&foreign_deployment("taken", 1)), &[Arc::new(old)], &now());
+        let plan = decide(&after, Some(&Deployment::foreign("taken").replicas(1)), &[Arc::new(old)], &now());
         assert!(plan.delete.is_empty(), "keep serving until the new Deployment is ours");
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "taken".into() });
     }
 
     #[test]
     fn labelled_deployments_we_do_not_control_are_never_deleted() {
-        let foo_ = foo("example-foo", "example-foo", Some(1));
-        let current = owned_deployment(&foo_, 1, 1);
+        let foo_ = Foo::test("example-foo").replicas(1);
+        let current = Deployment::owned_by(&foo_).replicas(1).available(1);
         // Same labels, another controller: e.g. copied by hand.
-        let mut lookalike = owned_deployment(&foo("example-foo", "copy", Some(1)), 1, 1);
+        let mut lookalike =
+            Deployment::owned_by(&Foo::test("example-foo").deployment("copy").replicas(1)).replicas(1).available(1);
         lookalike.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-someone-else".into();
-        let mut terminating = owned_deployment(&foo("example-foo", "going", Some(1)), 1, 1);
+        let mut terminating =
+            Deployment::owned_by(&Foo::test("example-foo").deployment("going").replicas(1)).replicas(1).available(1);
         terminating.metadata.deletion_timestamp = Some(now());
         let plan = decide(&foo_, Some(&current), &[current.clone(), lookalike, terminating].map(Arc::new), &now());
         assert!(plan.delete.is_empty(), "{:?}", plan.delete);
@@ -426,7 +431,7 @@ mod tests {
 
     #[test]
     fn empty_deployment_name_warns_and_waits_for_a_change() {
-        let foo = foo("example-foo", "", Some(1));
+        let foo = Foo::test("example-foo").deployment("").replicas(1);
         let plan = decide(&foo, None, &[], &now());
         assert_eq!(plan.deployment, DeploymentAction::None);
         assert_eq!(plan.outcome, Outcome::InvalidSpec);
@@ -448,7 +453,7 @@ mod tests {
 #[cfg(test)]
 mod properties {
     use super::*;
-    use crate::testing::foo;
+    use crate::testing::FooFixture;
     use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use k8s_openapi::jiff::Timestamp;
@@ -477,7 +482,8 @@ mod properties {
     fn arb_foo() -> impl Strategy<Value = Foo> {
         ("[a-c]{1,2}", prop_oneof![Just(String::new()), "[a-c]{1,2}"], proptest::option::of(1..=10i32), 1..4i64)
             .prop_map(|(name, deployment, replicas, generation)| {
-                let mut f = foo(&name, &deployment, replicas);
+                let mut f = Foo::test(&name).deployment(&deployment);
+                f.spec.replicas = replicas;
                 f.metadata.generation = Some(generation);
                 f
             })

@@ -109,11 +109,11 @@ pub fn available_replicas(deployment: &Deployment) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::testing::{foo, foreign_deployment};
+    use crate::testing::{DeploymentFixture, FooFixture};
 
     #[test]
     fn desired_deployment_matches_upstream_new_deployment() {
-        let foo = foo("example-foo", "example-foo", Some(3));
+        let foo = Foo::test("example-foo").replicas(3);
         let d = desired_deployment(&foo).unwrap();
         assert_eq!(d.metadata.name.as_deref(), Some("example-foo"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
@@ -142,7 +142,7 @@ mod tests {
 
     #[test]
     fn managed_by_label_is_on_the_deployment_but_not_on_pods_or_selector() {
-        let d = desired_deployment(&foo("f", "d", None)).unwrap();
+        let d = desired_deployment(&Foo::test("f").deployment("d").unset_replicas()).unwrap();
         let meta_labels = d.metadata.labels.unwrap();
         assert_eq!(meta_labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(LABEL_MANAGED_BY_VALUE));
         let spec = d.spec.unwrap();
@@ -153,21 +153,21 @@ mod tests {
 
     #[test]
     fn no_deployment_for_an_empty_name_or_a_foo_without_uid() {
-        assert!(desired_deployment(&foo("f", "", Some(1))).is_none());
-        let mut no_uid = foo("f", "d", Some(1));
+        assert!(desired_deployment(&Foo::test("f").deployment("").replicas(1)).is_none());
+        let mut no_uid = Foo::test("f").deployment("d").replicas(1);
         no_uid.metadata.uid = None;
         assert!(desired_deployment(&no_uid).is_none());
     }
 
     #[test]
     fn ownership_is_by_controller_uid_not_by_name() {
-        let owner = foo("f", "d", Some(1));
+        let owner = Foo::test("f").deployment("d").replicas(1);
         let mut same_name_new_uid = owner.clone();
         same_name_new_uid.metadata.uid = Some("another-uid".into());
         let ours = desired_deployment(&owner).unwrap();
         assert!(is_controlled_by(&ours, &owner));
         assert!(!is_controlled_by(&ours, &same_name_new_uid));
-        assert!(!is_controlled_by(&foreign_deployment("d", 1), &owner));
+        assert!(!is_controlled_by(&Deployment::foreign("d").replicas(1), &owner));
 
         let mut not_controller = ours.clone();
         not_controller.metadata.owner_references.as_mut().unwrap()[0].controller = Some(false);

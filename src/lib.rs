@@ -22,7 +22,7 @@ pub mod leader;
 pub mod metrics;
 pub mod telemetry;
 
-#[doc(hidden)]
+#[cfg(any(test, feature = "test-fixtures"))]
 pub mod testing;
 
 pub use foo::{Foo, FooSpec, FooStatus};

@@ -16,6 +16,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
+use kube::runtime::controller::Action;
+
 use crate::Error;
 use crate::constants::METRICS_CONTROLLER_LABEL;
 
@@ -35,10 +37,19 @@ struct LeaseLabels {
     name: String,
 }
 
-/// Result label values, as controller-runtime's.
+/// Result label values, as controller-runtime's. `requeue` (an immediate,
+/// rate-limited requeue) has no kube-runtime equivalent and stays at zero;
+/// it is registered so dashboards find the series.
 pub const RESULT_SUCCESS: &str = "success";
 pub const RESULT_ERROR: &str = "error";
 pub const RESULT_REQUEUE: &str = "requeue";
+pub const RESULT_REQUEUE_AFTER: &str = "requeue_after";
+
+/// controller-runtime's reconcile-time buckets: 5 ms .. 60 s.
+const RECONCILE_TIME_BUCKETS: [f64; 40] = [
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.25, 1.5,
+    1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0, 40.0, 50.0, 60.0,
+];
 
 /// The registry and the handles the controller updates.
 pub struct Metrics {
@@ -59,76 +70,77 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let reconcile_total = Family::<ResultLabels, Counter>::default();
-        let reconcile_errors = Family::<ControllerLabels, Counter>::default();
-        // controller-runtime's buckets: 5 ms .. 60 s.
-        let reconcile_time = Family::<ControllerLabels, Histogram>::new_with_constructor(|| {
-            Histogram::new([
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0,
-                1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 15.0, 20.0, 25.0, 30.0,
-                40.0, 50.0, 60.0,
-            ])
-        });
-        let active_workers = Family::<ControllerLabels, Gauge>::default();
-        let max_workers = Family::<ControllerLabels, Gauge>::default();
-        let leader = Family::<LeaseLabels, Gauge>::default();
-        // prometheus-client appends `_total` to counters.
-        registry.register(
-            "controller_runtime_reconcile",
-            "Total number of reconciliations per controller",
-            reconcile_total.clone(),
-        );
-        registry.register(
-            "controller_runtime_reconcile_errors",
-            "Total number of reconciliation errors per controller",
-            reconcile_errors.clone(),
-        );
-        registry.register(
-            "controller_runtime_reconcile_time_seconds",
-            "Length of time per reconciliation per controller",
-            reconcile_time.clone(),
-        );
-        registry.register(
-            "controller_runtime_active_workers",
-            "Number of currently used workers per controller",
-            active_workers.clone(),
-        );
-        registry.register(
-            "controller_runtime_max_concurrent_reconciles",
-            "Maximum number of concurrent reconciles per controller",
-            max_workers.clone(),
-        );
-        registry.register(
-            "leader_election_master_status",
-            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
-            leader.clone(),
-        );
         let m = Metrics {
-            registry,
-            reconcile_total,
-            reconcile_errors,
-            reconcile_time,
-            active_workers,
-            max_workers,
-            leader,
+            registry: Registry::default(),
+            reconcile_total: Family::default(),
+            reconcile_errors: Family::default(),
+            reconcile_time: Family::new_with_constructor(|| Histogram::new(RECONCILE_TIME_BUCKETS)),
+            active_workers: Family::default(),
+            max_workers: Family::default(),
+            leader: Family::default(),
         };
-        // Start every series at zero so rate() and alerts see them before
-        // the first reconcile.
-        for result in [RESULT_SUCCESS, RESULT_ERROR, RESULT_REQUEUE] {
-            let _ = m.reconcile_total.get_or_create(&result_labels(result));
-        }
-        let _ = m.reconcile_errors.get_or_create(&controller_labels());
-        let _ = m.active_workers.get_or_create(&controller_labels());
-        let _ = m.reconcile_time.get_or_create(&controller_labels());
-        m
+        m.registered().zeroed()
     }
 
-    /// Record one finished reconcile.
-    pub fn observe_reconcile(&self, took: Duration, error: Option<&Error>) {
-        let result = if error.is_some() { RESULT_ERROR } else { RESULT_SUCCESS };
+    /// Every family under its controller-runtime or client-go name
+    /// (prometheus-client appends `_total` to counters).
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "controller_runtime_reconcile",
+            "Total number of reconciliations per controller",
+            self.reconcile_total.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile_errors",
+            "Total number of reconciliation errors per controller",
+            self.reconcile_errors.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile_time_seconds",
+            "Length of time per reconciliation per controller",
+            self.reconcile_time.clone(),
+        );
+        r.register(
+            "controller_runtime_active_workers",
+            "Number of currently used workers per controller",
+            self.active_workers.clone(),
+        );
+        r.register(
+            "controller_runtime_max_concurrent_reconciles",
+            "Maximum number of concurrent reconciles per controller",
+            self.max_workers.clone(),
+        );
+        r.register(
+            "leader_election_master_status",
+            "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
+            self.leader.clone(),
+        );
+        self
+    }
+
+    /// Start every series at zero so rate() and alerts see them before the
+    /// first reconcile.
+    fn zeroed(self) -> Self {
+        for result in [RESULT_SUCCESS, RESULT_ERROR, RESULT_REQUEUE, RESULT_REQUEUE_AFTER] {
+            let _ = self.reconcile_total.get_or_create(&result_labels(result));
+        }
+        let _ = self.reconcile_errors.get_or_create(&controller_labels());
+        let _ = self.active_workers.get_or_create(&controller_labels());
+        let _ = self.reconcile_time.get_or_create(&controller_labels());
+        self
+    }
+
+    /// Record one finished reconcile: an error, a requeue after a delay, or
+    /// a success (nothing more to do until something changes).
+    pub fn observe_reconcile(&self, took: Duration, outcome: Result<&Action, &Error>) {
+        let result = match outcome {
+            Err(_) => RESULT_ERROR,
+            Ok(action) if *action == Action::await_change() => RESULT_SUCCESS,
+            Ok(_) => RESULT_REQUEUE_AFTER,
+        };
         self.reconcile_total.get_or_create(&result_labels(result)).inc();
-        if error.is_some() {
+        if outcome.is_err() {
             self.reconcile_errors.get_or_create(&controller_labels()).inc();
         }
         self.reconcile_time.get_or_create(&controller_labels()).observe(took.as_secs_f64());
@@ -179,50 +191,36 @@ fn result_labels(result: &str) -> ResultLabels {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::metric_value;
 
-    fn line<'a>(text: &'a str, prefix: &str) -> &'a str {
-        text.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no {prefix} in\n{text}"))
+    fn value(m: &Metrics, series: &str) -> f64 {
+        let text = m.encode();
+        metric_value(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
     }
 
     #[test]
     fn reconcile_metrics_use_controller_runtime_names() {
         let m = Metrics::new();
-        m.observe_reconcile(Duration::from_millis(20), None);
-        m.observe_reconcile(
-            Duration::from_millis(20),
-            Some(&Error::ResourceExists { foo: "default/f".into(), deployment: "d".into() }),
-        );
-        let text = m.encode();
-        assert_eq!(
-            line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="success"}"#).rsplit(' ').next(),
-            Some("1")
-        );
-        assert_eq!(
-            line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="error"}"#).rsplit(' ').next(),
-            Some("1")
-        );
-        assert_eq!(
-            line(&text, r#"controller_runtime_reconcile_total{controller="foo",result="requeue"}"#).rsplit(' ').next(),
-            Some("0")
-        );
-        assert_eq!(
-            line(&text, r#"controller_runtime_reconcile_errors_total{controller="foo"}"#).rsplit(' ').next(),
-            Some("1")
-        );
-        assert_eq!(
-            line(&text, r#"controller_runtime_reconcile_time_seconds_count{controller="foo"}"#).rsplit(' ').next(),
-            Some("2")
-        );
+        m.observe_reconcile(Duration::from_millis(20), Ok(&Action::await_change()));
+        m.observe_reconcile(Duration::from_millis(20), Ok(&Action::requeue(Duration::from_millis(5))));
+        let refused = Error::ResourceExists { foo: "default/f".into(), deployment: "d".into() };
+        m.observe_reconcile(Duration::from_millis(20), Err(&refused));
+        let total = |result: &str| {
+            value(&m, &format!(r#"controller_runtime_reconcile_total{{controller="foo",result="{result}"}}"#))
+        };
+        assert_eq!([total("success"), total("error"), total("requeue"), total("requeue_after")], [1.0, 1.0, 0.0, 1.0]);
+        assert_eq!(value(&m, r#"controller_runtime_reconcile_errors_total{controller="foo"}"#), 1.0);
+        assert_eq!(value(&m, r#"controller_runtime_reconcile_time_seconds_count{controller="foo"}"#), 3.0);
     }
 
     #[test]
     fn active_workers_drop_back_when_the_guard_goes() {
         let m = Metrics::new();
         let g = m.worker_started();
-        assert!(m.encode().contains("controller_runtime_active_workers{controller=\"foo\"} 1"));
+        assert_eq!(value(&m, r#"controller_runtime_active_workers{controller="foo"}"#), 1.0);
         drop(g);
-        assert!(m.encode().contains("controller_runtime_active_workers{controller=\"foo\"} 0"));
+        assert_eq!(value(&m, r#"controller_runtime_active_workers{controller="foo"}"#), 0.0);
         m.set_leader("sample-controller", true);
-        assert!(m.encode().contains("leader_election_master_status{name=\"sample-controller\"} 1"));
+        assert_eq!(value(&m, r#"leader_election_master_status{name="sample-controller"}"#), 1.0);
     }
 }

@@ -1,5 +1,15 @@
-//! Builders of Foos and Deployments as the API server returns them, shared
-//! by the unit tests and the mocked-API tests. Not part of the API.
+//! Test fixtures, built fluently: Foos and Deployments as the API server
+//! returns them.
+//!
+//! ```ignore
+//! let foo = Foo::test("example-foo").replicas(3);
+//! let ours = Deployment::owned_by(&foo).replicas(1).available(1);
+//! let theirs = Deployment::foreign("example-foo");
+//! ```
+//!
+//! Compiled only for this crate's tests and, through the `test-fixtures`
+//! feature that the crate's dev-dependency on itself turns on, for its
+//! integration tests; never part of a normal build.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -7,48 +17,123 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 use crate::deployment::desired_deployment;
 use crate::foo::{Foo, FooSpec};
 
-/// A Foo as the API server would return it: namespaced, with uid and
-/// generation.
-pub fn foo(name: &str, deployment_name: &str, replicas: Option<i32>) -> Foo {
-    let mut foo = Foo::new(name, FooSpec { deployment_name: deployment_name.into(), replicas });
-    foo.metadata.namespace = Some("default".into());
-    foo.metadata.uid = Some(format!("uid-{name}"));
-    foo.metadata.generation = Some(1);
-    foo.metadata.resource_version = Some("100".into());
-    foo
+/// Builders of Foos.
+pub trait FooFixture: Sized {
+    /// A Foo as the API server would return it: in `default`, with uid
+    /// `uid-<name>`, generation 1, naming a Deployment of its own name with
+    /// one replica.
+    fn test(name: &str) -> Self;
+    fn deployment(self, name: &str) -> Self;
+    fn replicas(self, replicas: i32) -> Self;
+    /// No `spec.replicas`: the Deployment's own are left alone.
+    fn unset_replicas(self) -> Self;
+    fn generation(self, generation: i64) -> Self;
+    fn uid(self, uid: &str) -> Self;
 }
 
-/// The Deployment the controller made for `foo`, as stored: `replicas` in
-/// spec, `available` in status.
-pub fn owned_deployment(foo: &Foo, replicas: i32, available: i32) -> Deployment {
-    let mut d = desired_deployment(foo).expect("foo must be valid");
-    d.metadata.uid = Some(format!("uid-deploy-{}", foo.spec.deployment_name));
-    d.metadata.resource_version = Some("200".into());
-    d.spec.as_mut().unwrap().replicas = Some(replicas);
-    d.status = Some(DeploymentStatus { available_replicas: Some(available), ..Default::default() });
-    d
-}
-
-/// A Deployment someone else made, with an ownerReference to something that
-/// is not a Foo.
-pub fn foreign_deployment(name: &str, replicas: i32) -> Deployment {
-    Deployment {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some("default".into()),
-            uid: Some(format!("uid-foreign-{name}")),
-            resource_version: Some("300".into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: "example.com/v1".into(),
-                kind: "Other".into(),
-                name: "other".into(),
-                uid: "uid-other".into(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
-            ..ObjectMeta::default()
-        },
-        spec: Some(DeploymentSpec { replicas: Some(replicas), ..DeploymentSpec::default() }),
-        status: None,
+impl FooFixture for Foo {
+    fn test(name: &str) -> Self {
+        let mut foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(1) });
+        foo.metadata.namespace = Some("default".into());
+        foo.metadata.uid = Some(format!("uid-{name}"));
+        foo.metadata.generation = Some(1);
+        foo.metadata.resource_version = Some("100".into());
+        foo
     }
+
+    fn deployment(mut self, name: &str) -> Self {
+        self.spec.deployment_name = name.into();
+        self
+    }
+
+    fn replicas(mut self, replicas: i32) -> Self {
+        self.spec.replicas = Some(replicas);
+        self
+    }
+
+    fn unset_replicas(mut self) -> Self {
+        self.spec.replicas = None;
+        self
+    }
+
+    fn generation(mut self, generation: i64) -> Self {
+        self.metadata.generation = Some(generation);
+        self
+    }
+
+    fn uid(mut self, uid: &str) -> Self {
+        self.metadata.uid = Some(uid.into());
+        self
+    }
+}
+
+/// Builders of Deployments.
+pub trait DeploymentFixture: Sized {
+    /// The Deployment the controller made for `foo`, as stored (uid
+    /// `uid-deploy-<name>`, resourceVersion 200), with the Foo's replicas
+    /// (or 1) and none available.
+    fn owned_by(foo: &Foo) -> Self;
+    /// A Deployment someone else made, controlled by something that is not
+    /// a Foo, with one replica.
+    fn foreign(name: &str) -> Self;
+    fn replicas(self, replicas: i32) -> Self;
+    fn available(self, available: i32) -> Self;
+    fn at_version(self, rv: &str) -> Self;
+}
+
+impl DeploymentFixture for Deployment {
+    fn owned_by(foo: &Foo) -> Self {
+        let mut d = desired_deployment(foo).expect("the Foo must be able to own a Deployment");
+        d.metadata.uid = Some(format!("uid-deploy-{}", foo.spec.deployment_name));
+        d.metadata.resource_version = Some("200".into());
+        d.spec.as_mut().unwrap().replicas = Some(foo.spec.replicas.unwrap_or(1));
+        d.status = Some(DeploymentStatus { available_replicas: Some(0), ..Default::default() });
+        d
+    }
+
+    fn foreign(name: &str) -> Self {
+        let owner = OwnerReference {
+            api_version: "example.com/v1".into(),
+            kind: "Other".into(),
+            name: "other".into(),
+            uid: "uid-other".into(),
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        };
+        Deployment {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("default".into()),
+                uid: Some(format!("uid-foreign-{name}")),
+                resource_version: Some("300".into()),
+                owner_references: Some(vec![owner]),
+                ..ObjectMeta::default()
+            },
+            spec: Some(DeploymentSpec { replicas: Some(1), ..DeploymentSpec::default() }),
+            status: None,
+        }
+    }
+
+    fn replicas(mut self, replicas: i32) -> Self {
+        self.spec.get_or_insert_with(Default::default).replicas = Some(replicas);
+        self
+    }
+
+    fn available(mut self, available: i32) -> Self {
+        self.status.get_or_insert_with(Default::default).available_replicas = Some(available);
+        self
+    }
+
+    fn at_version(mut self, rv: &str) -> Self {
+        self.metadata.resource_version = Some(rv.into());
+        self
+    }
+}
+
+/// The value of `series` (name and labels, exactly as exposed, e.g.
+/// `controller_runtime_reconcile_total{controller="foo",result="success"}`)
+/// in Prometheus text; `None` if it is not there. The one reader of
+/// `/metrics` for all tests.
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.split(' ').next()?.parse().ok())
 }

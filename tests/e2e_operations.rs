@@ -13,7 +13,6 @@ use k8s_openapi::api::events::v1::Event;
 use kube::api::{ListParams, PostParams};
 use sample_controller::{Foo, FooSpec};
 
-const SUCCESS_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}";
 const ERROR_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
 const ERRORS_TOTAL: &str = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
 

@@ -27,17 +27,26 @@ fn can_i(args: &[&str]) -> bool {
     String::from_utf8_lossy(&out.stdout).trim() == "yes"
 }
 
+/// `kubectl apply -f deploy/`, once for all the tests here.
+fn installed() {
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        kubectl_ok(&["apply", "-f", "deploy/"]);
+    });
+}
+
 #[tokio::test]
-async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
-    // Server-side dry run of everything (the namespace must exist for the
-    // namespaced objects to be checked), as `-f` and as `-k`.
+async fn deploy_manifests_pass_a_server_side_dry_run_as_files_and_as_kustomization() {
+    // The namespace must exist for the namespaced objects to be checked.
     kubectl_ok(&["apply", "-f", "deploy/00-namespace.yaml"]);
     kubectl_ok(&["apply", "--dry-run=server", "-f", "deploy/"]);
     kubectl_ok(&["apply", "--dry-run=server", "-k", "deploy/"]);
-    kubectl_ok(&["apply", "-f", "deploy/"]);
+}
 
-    // The operator's own pods are admitted under enforce=restricted: the
-    // ReplicaSet controller could create them (no kubelet runs them here).
+#[tokio::test]
+async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() {
+    installed();
+    // The ReplicaSet controller could create them (no kubelet runs them here).
     let admin = admin_client().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     wait_until("the operator's 2 pods to be admitted", TIMEOUT, || async {
@@ -66,10 +75,13 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
     .unwrap();
     let refused = pods.create(&PostParams::default(), &privileged).await.expect_err("PodSecurity must refuse it");
     assert!(refused.to_string().contains("violates PodSecurity \"restricted:latest\""), "{refused}");
+}
 
-    // The whole controller as the ServiceAccount, watching all namespaces.
-    let sa_client = service_account_client(NS, SA).await;
-    let controller = start_controller(sa_client.clone(), None);
+#[tokio::test]
+async fn the_service_account_can_run_the_whole_controller() {
+    installed();
+    // Watching all namespaces, as deployed.
+    let controller = start_controller(service_account_client(NS, SA).await, None);
     let ns = TestNamespace::new("rbac").await;
     let _kubelet = fake_kubelet(&ns);
     let foos: Api<Foo> = ns.api();
@@ -110,10 +122,13 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
         ns.events_for("example-foo").await.into_iter().filter(|e| e.starts_with("Warning")).collect();
     assert!(warnings.is_empty(), "{warnings:?}");
     drop(controller);
+}
 
-    // Leader election with the Role in the operator's namespace.
+#[tokio::test]
+async fn the_service_account_can_hold_the_leader_lease_in_its_namespace() {
+    installed();
     let mut elector = Elector::new(
-        sa_client,
+        service_account_client(NS, SA).await,
         LeaderConfig {
             lease_name: "rbac-test".into(),
             namespace: NS.into(),
@@ -125,19 +140,28 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
     );
     tokio::time::timeout(TIMEOUT, elector.acquire()).await.expect("acquire the lease as the ServiceAccount");
     elector.release().await;
+}
 
-    // What it must be able to do...
-    for verb in [
+#[tokio::test]
+async fn the_service_account_has_the_verbs_the_controller_uses() {
+    installed();
+    let missing: Vec<_> = [
         &["list", "foos.samplecontroller.k8s.io", "-A"][..],
         &["watch", "deployments.apps", "-A"],
         &["patch", "foos.samplecontroller.k8s.io", "--subresource=status", "-n", "default"],
         &["create", "events.events.k8s.io", "-n", "default"],
         &["update", "leases.coordination.k8s.io", "-n", NS],
-    ] {
-        assert!(can_i(verb), "the ServiceAccount must be able to {verb:?}");
-    }
-    // ...and a few things it must not.
-    for verb in [
+    ]
+    .into_iter()
+    .filter(|verb| !can_i(verb))
+    .collect();
+    assert!(missing.is_empty(), "the ServiceAccount must be able to {missing:?}");
+}
+
+#[tokio::test]
+async fn the_service_account_has_no_verb_the_controller_does_not_use() {
+    installed();
+    let extra: Vec<_> = [
         &["update", "deployments.apps", "-n", "default"][..],
         &["delete", "foos.samplecontroller.k8s.io", "-n", "default"],
         &["create", "foos.samplecontroller.k8s.io", "-n", "default"],
@@ -147,7 +171,9 @@ async fn deploy_manifests_are_admitted_and_their_rbac_is_enough_and_no_more() {
         &["delete", "namespaces"],
         &["create", "leases.coordination.k8s.io", "-n", "default"],
         &["create", "events", "-n", "default"],
-    ] {
-        assert!(!can_i(verb), "the ServiceAccount must not be able to {verb:?}");
-    }
+    ]
+    .into_iter()
+    .filter(|verb| can_i(verb))
+    .collect();
+    assert!(extra.is_empty(), "the ServiceAccount must not be able to {extra:?}");
 }

@@ -18,7 +18,7 @@ use sample_controller::controller::{Context, error_policy, reconcile};
 use sample_controller::decision::decide;
 use sample_controller::deployment::desired_deployment;
 use sample_controller::metrics::Metrics;
-use sample_controller::testing::{foo, foreign_deployment, owned_deployment};
+use sample_controller::testing::{DeploymentFixture, FooFixture};
 use sample_controller::{Error, Foo};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
@@ -142,7 +142,7 @@ impl Mock {
 }
 
 fn example_foo(replicas: i32) -> Foo {
-    foo("example-foo", "example-foo", Some(replicas))
+    Foo::test("example-foo").replicas(replicas)
 }
 
 /// `foo` with the status an earlier sync wrote for `d`.
@@ -160,7 +160,7 @@ async fn creates_deployment() {
         expect(Method::POST, DEPLOYMENTS)
             .query("fieldManager=sample-controller")
             .body(move |body| assert_eq!(*body, want))
-            .reply(StatusCode::CREATED, owned_deployment(&foo, 1, 0)),
+            .reply(StatusCode::CREATED, Deployment::owned_by(&foo).replicas(1).available(0)),
         expect(Method::PATCH, FOO_STATUS)
             .body(|body| {
                 assert_eq!(body["status"]["availableReplicas"], 0);
@@ -180,9 +180,10 @@ async fn the_syncs_our_own_writes_trigger_make_no_request() {
     let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
     let mut written = foo.clone();
     written.metadata.resource_version = Some("101".into());
-    written.status = synced_with(foo.clone(), &owned_deployment(&foo, 1, 0)).status;
+    written.status = synced_with(foo.clone(), &Deployment::owned_by(&foo).replicas(1).available(0)).status;
     let scenario = vec![
-        expect(Method::POST, DEPLOYMENTS).reply(StatusCode::CREATED, owned_deployment(&foo, 1, 0)),
+        expect(Method::POST, DEPLOYMENTS)
+            .reply(StatusCode::CREATED, Deployment::owned_by(&foo).replicas(1).available(0)),
         expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, written),
         Expect::event("Normal", "Synced"),
     ];
@@ -193,7 +194,7 @@ async fn the_syncs_our_own_writes_trigger_make_no_request() {
 
 #[tokio::test]
 async fn does_nothing_when_in_sync() {
-    let d = owned_deployment(&example_foo(1), 1, 1);
+    let d = Deployment::owned_by(&example_foo(1)).replicas(1).available(1);
     let foo = synced_with(example_foo(1), &d);
     let mut mock = Mock::new(std::slice::from_ref(&foo), &[d]).await;
     // No request at all: no read, no Deployment write, no status, no event.
@@ -203,7 +204,7 @@ async fn does_nothing_when_in_sync() {
 #[tokio::test]
 async fn updates_deployment_replicas() {
     let foo = example_foo(3);
-    let d = owned_deployment(&foo, 1, 1);
+    let d = Deployment::owned_by(&foo).replicas(1).available(1);
     let mut scaled = d.clone();
     scaled.spec.as_mut().unwrap().replicas = Some(3);
     let mut mock = Mock::new(std::slice::from_ref(&foo), &[d]).await;
@@ -224,7 +225,7 @@ async fn updates_deployment_replicas() {
 #[tokio::test]
 async fn a_stale_cached_version_ends_in_a_conflict_and_a_retry_never_a_blind_write() {
     let foo = example_foo(3);
-    let cached = owned_deployment(&foo, 1, 1); // resourceVersion 200
+    let cached = Deployment::owned_by(&foo).replicas(1).available(1); // resourceVersion 200
     let mut mock = Mock::new(std::slice::from_ref(&foo), &[cached]).await;
     let scenario = vec![
         expect(Method::PATCH, DEPLOYMENT)
@@ -247,7 +248,7 @@ async fn not_controlled_by_us() {
     let scenario = vec![
         expect(Method::POST, DEPLOYMENTS)
             .reply(StatusCode::CONFLICT, status(StatusCode::CONFLICT, "AlreadyExists", "already exists")),
-        expect(Method::GET, DEPLOYMENT).reply(StatusCode::OK, foreign_deployment("example-foo", 1)),
+        expect(Method::GET, DEPLOYMENT).reply(StatusCode::OK, Deployment::foreign("example-foo").replicas(1)),
         expect(Method::PATCH, FOO_STATUS)
             .body(|body| assert_eq!(body["status"]["conditions"][0]["reason"], "ErrResourceExists"))
             .reply(StatusCode::OK, example_foo(3)),
@@ -261,7 +262,7 @@ async fn not_controlled_by_us() {
 #[tokio::test]
 async fn a_cached_lookalike_we_do_not_control_is_refused_without_a_request_to_it() {
     let foo = example_foo(3);
-    let mut lookalike = owned_deployment(&foo, 1, 1);
+    let mut lookalike = Deployment::owned_by(&foo).replicas(1).available(1);
     lookalike.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-someone-else".into();
     let mut mock = Mock::new(std::slice::from_ref(&foo), &[lookalike]).await;
     let scenario = vec![

@@ -269,6 +269,7 @@ pub fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operat
     spawn_operator(ns, &kubeconfig_path(), &args, &format!("{ns}-{name}"))
 }
 
+pub const SUCCESS_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}";
 pub const LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller-test\"}";
 
 /// The identity holding the test Lease, if any.
@@ -310,7 +311,7 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
 /// The value of the first sample whose line starts with `series`.
 pub async fn metric(op: &Operator, series: &str) -> Option<f64> {
     let (_, body) = http_get(op.metrics, "/metrics").await?;
-    body.lines().find(|l| l.starts_with(series))?.rsplit(' ').next()?.parse().ok()
+    sample_controller::testing::metric_value(&body, series)
 }
 
 /// Poll `probe` every 200 ms until it returns `Some`, or panic after `timeout`.
