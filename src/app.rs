@@ -11,7 +11,7 @@ use kube::Client;
 use tracing::info;
 
 use crate::cli::Cli;
-use crate::constants::USER_AGENT;
+use crate::client;
 use crate::controller::{self, Context, Settings};
 use crate::http::{self, Readiness};
 use crate::leader::{Elector, LeaderConfig, default_identity};
@@ -61,17 +61,15 @@ async fn wait_for_signal() {
 /// (returns an error, so the process exits non-zero and is restarted as a
 /// standby — as client-go and controller-runtime do).
 pub async fn run(cli: Cli) -> Result<()> {
-    let mut config = cli.kube_config().await?;
-    config.headers.push((::http::header::USER_AGENT, ::http::HeaderValue::from_static(USER_AGENT)));
-    let client = Client::try_from(config).map_err(Error::Client)?;
     let metrics = Arc::new(Metrics::new());
+    let client = client::build(cli.kube_config().await?, metrics.rest_requests.clone())?;
     metrics.set_max_workers(cli.workers);
     let readiness = Arc::new(Readiness::default());
     if let Some(addr) = cli.metrics_bind_address.0 {
-        http::serve(addr, http::metrics_router(metrics.clone())).await?;
+        http::serve(addr, http::METRICS_ENDPOINTS, http::metrics_router(metrics.clone())).await?;
     }
     if let Some(addr) = cli.health_probe_bind_address.0 {
-        http::serve(addr, http::probes_router(readiness.clone())).await?;
+        http::serve(addr, http::PROBE_ENDPOINTS, http::probes_router(readiness.clone())).await?;
     }
     let shutdown = shutdown_signal();
     let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers };
@@ -127,7 +125,7 @@ async fn run_controller(
     readiness: &Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (controller, caches) = controller::build(client, settings);
+    let (controller, caches) = controller::build(client, settings, metrics.queue.clone());
     let ctx = Arc::new(Context::new(client.clone(), caches.clone(), metrics.clone(), instance));
     readiness.controller_starting();
     let readiness = readiness.clone();

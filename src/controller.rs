@@ -28,6 +28,7 @@ use crate::deployment::{is_controlled_by, managed_selector};
 use crate::events::Publisher;
 use crate::foo::Foo;
 use crate::metrics::Metrics;
+use crate::workqueue::Workqueue;
 use crate::{Error, Result};
 
 /// Per-object retry delay after a failed sync: upstream's workqueue default,
@@ -149,7 +150,7 @@ impl Backoff for EachWatchBacksOff {
 /// Build the controller and the caches its syncs read: Foos, and the
 /// Deployments labelled as made by it (upstream's informer caches every
 /// Deployment in the cluster; other people's never reach this one).
-pub fn build(client: &Client, settings: &Settings) -> (Controller<Foo>, Caches) {
+pub fn build(client: &Client, settings: &Settings, queue: Arc<Workqueue>) -> (Controller<Foo>, Caches) {
     // `any_semantic`: the first list is served from the API server's watch
     // cache instead of a quorum read of etcd.
     let foo_watch = watcher::Config::default().any_semantic();
@@ -167,15 +168,43 @@ pub fn build(client: &Client, settings: &Settings) -> (Controller<Foo>, Caches) 
                     let _ = freed.unbounded_send(ObjectRef::from_obj(d));
                 }
             });
+    // What triggers a sync, counted as the workqueue's adds.
+    let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
+    let foo_triggers = foos.reflect(foo_writer, foo_events, trim_foo).applied_objects().inspect(move |foo| {
+        if let Ok(foo) = foo {
+            q1.added(queue_key(&ObjectRef::from_obj(foo)));
+        }
+    });
+    // Deletions too: a Deployment deleted by hand is put back.
+    let owned_triggers = deployments
+        .reflect(deployment_writer, deployment_events, trim_deployment)
+        .touched_objects()
+        .inspect(move |d| {
+            if let Ok(d) = d {
+                owners(d).for_each(|foo| q2.added(queue_key(&foo)));
+            }
+        });
+    let freed_triggers = waiting_for(foos.clone(), freed_names).inspect(move |foo| q3.added(queue_key(foo)));
 
-    let controller =
-        Controller::for_stream(foos.reflect(foo_writer, foo_events, trim_foo).applied_objects(), foos.store())
-            // Deletions too: a Deployment deleted by hand is put back.
-            .owns_stream(deployments.reflect(deployment_writer, deployment_events, trim_deployment).touched_objects())
-            .reconcile_on(waiting_for(foos.clone(), freed_names))
-            .trigger_backoff(EachWatchBacksOff)
-            .with_config(ControllerConfig::default().concurrency(settings.workers));
+    let controller = Controller::for_stream(foo_triggers, foos.store())
+        .owns_stream(owned_triggers)
+        .reconcile_on(freed_triggers)
+        .trigger_backoff(EachWatchBacksOff)
+        .with_config(ControllerConfig::default().concurrency(settings.workers));
     (controller, Caches { foos, deployments })
+}
+
+/// The Foos controlling `d` (as kube-runtime maps owned objects to owners).
+fn owners(d: &Deployment) -> impl Iterator<Item = ObjectRef<Foo>> + '_ {
+    d.owner_references()
+        .iter()
+        .filter(|o| o.controller == Some(true) && o.kind == "Foo")
+        .map(|o| ObjectRef::new(&o.name).within(d.namespace().as_deref().unwrap_or_default()))
+}
+
+/// A Foo's key in the workqueue metrics: `namespace/name`.
+fn queue_key<K: Resource>(obj: &ObjectRef<K>) -> String {
+    format!("{}/{}", obj.namespace.as_deref().unwrap_or_default(), obj.name)
 }
 
 /// The Foos that name a Deployment of ours which was just deleted: one
@@ -198,31 +227,46 @@ pub async fn run(
     ctx: Arc<Context>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    use kube::runtime::controller::Error as ControllerError;
+    let queue = ctx.metrics.queue.clone();
     controller
         .graceful_shutdown_on(shutdown)
         .run(reconcile, error_policy, ctx)
-        .for_each(|res| async move {
-            match res {
-                Ok((obj, _)) => debug!(foo = %obj, "synced"),
-                // Sync failures are logged by error_policy.
-                Err(ControllerError::ReconcilerFailed(..)) => {}
-                // A Deployment of a deleted Foo went away (the garbage
-                // collector at work): nothing to sync, nothing to report.
-                Err(ControllerError::ObjectNotFound(obj)) => debug!(foo = %obj, "Foo deleted"),
-                // The watches retry by themselves, with backoff.
-                Err(e) => info!(error = %e, "watch interrupted; reconnecting"),
-            }
+        .for_each(|outcome| {
+            report(outcome, &queue);
+            std::future::ready(())
         })
         .await;
     info!("controller stopped");
 }
 
+/// One item of the controller's output stream.
+type StreamItem =
+    std::result::Result<(ObjectRef<Foo>, Action), kube::runtime::controller::Error<Error, watcher::Error>>;
+
+/// Log what the controller's stream says, at the level it deserves.
+fn report(outcome: StreamItem, queue: &Workqueue) {
+    use kube::runtime::controller::Error as ControllerError;
+    match outcome {
+        Ok((obj, _)) => debug!(foo = %obj, "synced"),
+        // Sync failures are logged by error_policy.
+        Err(ControllerError::ReconcilerFailed(..)) => {}
+        // A Deployment of a deleted Foo went away (the garbage collector at
+        // work): nothing to sync, nothing to report.
+        Err(ControllerError::ObjectNotFound(obj)) => {
+            queue.forget(&queue_key(&obj));
+            debug!(foo = %obj, "Foo deleted");
+        }
+        // The watches retry by themselves, with backoff.
+        Err(e) => info!(error = %e, "watch interrupted; reconnecting"),
+    }
+}
+
 /// One sync of one Foo, timed and counted the way controller-runtime does.
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
-    let _active = ctx.metrics.worker_started();
-    let started = Instant::now();
     let obj = ObjectRef::from_obj(&*foo);
+    let _active = ctx.metrics.worker_started();
+    let _working = ctx.metrics.queue.started(&queue_key(&obj));
+    let started = Instant::now();
     let result = sync(foo, &ctx).await;
     ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref());
     if result.is_ok() {
@@ -233,7 +277,9 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
 
 /// Retry a failed sync after a per-object exponential backoff.
 pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
-    let delay = ctx.next_backoff(ObjectRef::from_obj(&*foo));
+    let obj = ObjectRef::from_obj(&*foo);
+    let delay = ctx.next_backoff(obj.clone());
+    ctx.metrics.queue.retried(queue_key(&obj), delay);
     match err {
         Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
         // Our cached copy was behind; the retry reads the newer one.

@@ -41,19 +41,23 @@ impl Readiness {
     }
 }
 
-/// Bind `addr` now (so a bad address fails start-up) and serve `router` in
-/// the background.
-pub async fn serve(addr: SocketAddr, router: Router) -> Result<tokio::task::JoinHandle<()>> {
+/// Bind `addr` now (so a bad address fails start-up) and serve `router`
+/// (`what` it serves, for the log) in the background.
+pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
     let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr, source })?;
     // The bound address: with port 0 the kernel picks one, and this says which.
     let bound = listener.local_addr().map_err(|source| Error::Http { addr, source })?;
-    tracing::info!(addr = %bound, "serving HTTP");
+    tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router).await {
             tracing::error!(addr = %bound, error = %e, "HTTP server stopped");
         }
     }))
 }
+
+/// What each listener serves, as its start-up log line says.
+pub const METRICS_ENDPOINTS: &str = "/metrics";
+pub const PROBE_ENDPOINTS: &str = "/healthz,/readyz";
 
 pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
     Router::new().route("/metrics", get(metrics_handler)).with_state(metrics)

@@ -5,12 +5,13 @@
 //! a Foo asks for, [`decision`] what a sync does (pure), [`cache`] what the
 //! watches keep, [`controller`] the kube-runtime wiring that carries
 //! decisions out, [`events`] their Events, [`constants`] every name put on
-//! the wire, plus the process around them: [`app`], [`cli`], [`telemetry`],
-//! [`metrics`], [`http`] and [`leader`].
+//! the wire, plus the process around them: [`app`], [`cli`], [`client`],
+//! [`telemetry`], [`metrics`] (with [`workqueue`]), [`http`] and [`leader`].
 
 pub mod app;
 pub mod cache;
 pub mod cli;
+pub mod client;
 pub mod constants;
 pub mod controller;
 pub mod decision;
@@ -21,6 +22,7 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod telemetry;
+pub mod workqueue;
 
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod testing;

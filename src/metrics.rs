@@ -7,6 +7,7 @@
 //! `controller_runtime_max_concurrent_reconciles{controller}`, and
 //! client-go's leader gauge `leader_election_master_status{name}`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -20,6 +21,7 @@ use kube::runtime::controller::Action;
 
 use crate::Error;
 use crate::constants::METRICS_CONTROLLER_LABEL;
+use crate::workqueue::Workqueue;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -35,6 +37,14 @@ struct ResultLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LeaseLabels {
     name: String,
+}
+
+/// client-go's `rest_client_requests_total` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RestLabels {
+    pub code: String,
+    pub method: String,
+    pub host: String,
 }
 
 /// Result label values, as controller-runtime's. `requeue` (an immediate,
@@ -60,6 +70,10 @@ pub struct Metrics {
     active_workers: Family<ControllerLabels, Gauge>,
     max_workers: Family<ControllerLabels, Gauge>,
     leader: Family<LeaseLabels, Gauge>,
+    /// The reconcile queue, as client-go's workqueue metrics.
+    pub queue: Arc<Workqueue>,
+    /// Every API request, by code, method and host.
+    pub rest_requests: Family<RestLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -78,6 +92,8 @@ impl Metrics {
             active_workers: Family::default(),
             max_workers: Family::default(),
             leader: Family::default(),
+            queue: Arc::default(),
+            rest_requests: Family::default(),
         };
         m.registered().zeroed()
     }
@@ -116,6 +132,13 @@ impl Metrics {
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
             self.leader.clone(),
         );
+        r.register(
+            "rest_client_requests",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            self.rest_requests.clone(),
+        );
+        r.register_collector(Box::new(Process));
+        self.queue.register(r, METRICS_CONTROLLER_LABEL);
         self
     }
 
@@ -188,6 +211,71 @@ fn result_labels(result: &str) -> ResultLabels {
     ResultLabels { controller: METRICS_CONTROLLER_LABEL.into(), result: result.into() }
 }
 
+/// client-go's (Prometheus') process metrics, read from /proc at scrape
+/// time: `process_cpu_seconds_total`, `process_resident_memory_bytes`,
+/// `process_virtual_memory_bytes`, `process_open_fds`,
+/// `process_start_time_seconds`. Nothing is reported where /proc is missing.
+#[derive(Debug)]
+struct Process;
+
+/// Linux's USER_HZ: the unit of times in /proc/self/stat.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+impl prometheus_client::collector::Collector for Process {
+    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        use prometheus_client::encoding::EncodeMetric;
+        use prometheus_client::metrics::counter::ConstCounter;
+        use prometheus_client::metrics::gauge::ConstGauge;
+        let Some(p) = ProcStat::read() else { return Ok(()) };
+        let cpu = ConstCounter::new(p.cpu_seconds);
+        cpu.encode(encoder.encode_descriptor(
+            "process_cpu_seconds",
+            "Total user and system CPU time spent in seconds.",
+            None,
+            cpu.metric_type(),
+        )?)?;
+        let gauges = [
+            ("process_resident_memory_bytes", "Resident memory size in bytes.", p.resident_bytes),
+            ("process_virtual_memory_bytes", "Virtual memory size in bytes.", p.virtual_bytes),
+            ("process_open_fds", "Number of open file descriptors.", p.open_fds),
+            ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", p.start_time),
+        ];
+        for (name, help, value) in gauges {
+            let gauge = ConstGauge::new(value);
+            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
+        }
+        Ok(())
+    }
+}
+
+struct ProcStat {
+    cpu_seconds: f64,
+    resident_bytes: f64,
+    virtual_bytes: f64,
+    open_fds: f64,
+    start_time: f64,
+}
+
+impl ProcStat {
+    fn read() -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the command name, which may hold spaces: state is field 3.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3)?.parse::<f64>().ok();
+        let boot_time = std::fs::read_to_string("/proc/stat")
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())?;
+        Some(ProcStat {
+            cpu_seconds: (field(14)? + field(15)?) / TICKS_PER_SECOND,
+            virtual_bytes: field(23)?,
+            resident_bytes: field(24)? * 4096.0,
+            start_time: boot_time + field(22)? / TICKS_PER_SECOND,
+            open_fds: std::fs::read_dir("/proc/self/fd").map(|d| d.count() as f64).unwrap_or(0.0),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +299,20 @@ mod tests {
         assert_eq!([total("success"), total("error"), total("requeue"), total("requeue_after")], [1.0, 1.0, 0.0, 1.0]);
         assert_eq!(value(&m, r#"controller_runtime_reconcile_errors_total{controller="foo"}"#), 1.0);
         assert_eq!(value(&m, r#"controller_runtime_reconcile_time_seconds_count{controller="foo"}"#), 3.0);
+    }
+
+    #[test]
+    fn dashboards_find_workqueue_process_and_rest_client_metrics() {
+        let m = Metrics::new();
+        m.queue.added("default/f".into());
+        m.rest_requests
+            .get_or_create(&RestLabels { code: "200".into(), method: "GET".into(), host: "h:1".into() })
+            .inc();
+        assert_eq!(value(&m, r#"workqueue_depth{name="foo",controller="foo"}"#), 1.0);
+        assert_eq!(value(&m, r#"workqueue_adds_total{name="foo",controller="foo"}"#), 1.0);
+        assert_eq!(value(&m, r#"rest_client_requests_total{code="200",method="GET",host="h:1"}"#), 1.0);
+        assert!(value(&m, "process_resident_memory_bytes") > 1e6);
+        assert!(value(&m, "process_cpu_seconds_total") > 0.0);
     }
 
     #[test]

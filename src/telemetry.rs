@@ -1,6 +1,8 @@
 //! Logging through tracing: `RUST_LOG` filters (default `info`), text for a
 //! terminal or JSON for log pipelines.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::LogFormat;
@@ -13,7 +15,9 @@ pub const DEFAULT_FILTER: &str = "info,kube_client::client=error,kube_client::cl
 
 pub fn init(format: LogFormat) {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal, not in log files and pipelines.
+    let ansi = std::io::stderr().is_terminal();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     // A second init (tests) is harmless; ignore the error it returns.
     let _ = match format {
         LogFormat::Text => builder.try_init(),

@@ -72,8 +72,8 @@ fn restart_controller_manager_after(component: &str) {
     }
 }
 
-fn operator(ns: &TestNamespace, tag: &str, extra: &[&str]) -> Operator {
-    spawn_operator(&ns.name, &kubeconfig_path(), extra, &format!("{}-{tag}", ns.name))
+async fn operator(ns: &TestNamespace, tag: &str, extra: &[&str]) -> Operator {
+    spawn_operator(&ns.name, &kubeconfig_path(), extra, &format!("{}-{tag}", ns.name)).await
 }
 
 fn kill(op: &mut Operator) {
@@ -174,7 +174,7 @@ async fn edit_to_deployment(ns: &TestNamespace, foo: &str, replicas: i32) -> Dur
 async fn steady_state_outage(component: &str, prefix: &str) {
     let _one = ONE_AT_A_TIME.lock().await;
     let ns = TestNamespace::new(prefix).await;
-    let _op = operator(&ns, "op", &[]);
+    let _op = operator(&ns, "op", &[]).await;
     create_foos(&ns, 20).await;
     converged(&ns, "before the outage").await;
 
@@ -191,7 +191,7 @@ async fn outage_during_convergence(component: &str, prefix: &str) {
     let _one = ONE_AT_A_TIME.lock().await;
     let ns = TestNamespace::new(prefix).await;
     create_foos(&ns, MANY).await;
-    let _op = operator(&ns, "op", &[]);
+    let _op = operator(&ns, "op", &[]).await;
     until_deployments(&ns, MANY / 4).await;
 
     outage(component, Duration::from_secs(3)).await;
@@ -229,13 +229,13 @@ async fn operator_killed_at_random_moments_while_foos_converge() {
     // replayed.
     let seed = Timestamp::now().subsec_nanosecond().unsigned_abs();
     for round in 0..4u32 {
-        let mut op = operator(&ns, &format!("crash-{round}"), &[]);
+        let mut op = operator(&ns, &format!("crash-{round}"), &[]).await;
         let after = Duration::from_millis(200 + u64::from(seed.rotate_left(round * 8) % 1300));
         tokio::time::sleep(after).await;
         kill(&mut op);
         println!("operator SIGKILL #{round} after {after:?}: {} Deployments", deployments(&ns).await.len());
     }
-    let _op = operator(&ns, "final", &[]);
+    let _op = operator(&ns, "final", &[]).await;
     let took = converged(&ns, "after four crashes").await;
     println!("operator killed 4 times during the convergence of {MANY} Foos: converged {took:?} after the restart");
 }
@@ -244,8 +244,8 @@ async fn operator_killed_at_random_moments_while_foos_converge() {
 async fn leader_killed_mid_convergence_hands_over_without_writes_from_the_old_one() {
     let _one = ONE_AT_A_TIME.lock().await;
     let ns = TestNamespace::new("chaos-leader").await;
-    let mut a = spawn_candidate(&ns.name, LEASE, "a");
-    let mut b = spawn_candidate(&ns.name, LEASE, "b");
+    let mut a = spawn_candidate(&ns.name, LEASE, "a").await;
+    let mut b = spawn_candidate(&ns.name, LEASE, "b").await;
     let leader = one_leader(&[&a, &b]).await;
     let old = holder(&ns).await.expect("a Lease holder");
     create_foos(&ns, MANY).await;
@@ -274,7 +274,7 @@ async fn leader_killed_mid_convergence_hands_over_without_writes_from_the_old_on
 async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
     let _one = ONE_AT_A_TIME.lock().await;
     let ns = TestNamespace::new("chaos-down").await;
-    let mut op = operator(&ns, "before", &[]);
+    let mut op = operator(&ns, "before", &[]).await;
     create_foos(&ns, 20).await;
     converged(&ns, "before the edits").await;
     let pid = op.child.id().to_string();
@@ -292,7 +292,7 @@ async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
     ns.api::<Foo>().delete("foo-13", &DeleteParams::background()).await.unwrap();
     create_foos_named(&ns, "late").await;
 
-    let _op = operator(&ns, "after", &[]);
+    let _op = operator(&ns, "after", &[]).await;
     let took = converged(&ns, "after the restart").await;
     println!("Foo edits made while the operator was down: in place {took:?} after its restart");
     assert!(deployment(&ns, "foo-10").await.is_none(), "the renamed Foo's old Deployment is removed");

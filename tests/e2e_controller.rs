@@ -164,7 +164,7 @@ async fn foreign_deployment_is_never_modified() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let before = ns.kubectl_ok(&["get", "deployment", "example-foo", "-o", "json"]);
 
-    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    let controller = start_controller(ns.client.clone(), Some(&ns.name));
     create_foo(&ns, "example-foo", "example-foo", Some(3)).await;
     wait_until("an ErrResourceExists warning", TIMEOUT, || async {
         ns.events_for("example-foo").await.into_iter().find(|e| {
@@ -179,8 +179,12 @@ async fn foreign_deployment_is_never_modified() {
     })
     .await;
     assert_eq!(foo.status.unwrap().available_replicas, 0);
-    // Give retries (5 ms backoff, doubling) time to happen, then compare.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Several retries (5 ms backoff, doubling) later, compare.
+    wait_until("the refused sync to be retried", TIMEOUT, || async {
+        let failed = metric_value(&controller.metrics.encode(), ERRORS_SERIES)?;
+        (failed >= 5.0).then_some(())
+    })
+    .await;
     let after = ns.kubectl_ok(&["get", "deployment", "example-foo", "-o", "json"]);
     assert_eq!(before, after, "the foreign Deployment must stay byte-for-byte unchanged");
 }

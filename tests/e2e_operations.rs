@@ -14,7 +14,6 @@ use kube::api::{ListParams, PostParams};
 use sample_controller::{Foo, FooSpec};
 
 const ERROR_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
-const ERRORS_TOTAL: &str = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
 
 async fn create_foo(ns: &TestNamespace, name: &str) {
     let foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(1) });
@@ -24,8 +23,8 @@ async fn create_foo(ns: &TestNamespace, name: &str) {
 #[tokio::test]
 async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
     let ns = TestNamespace::new("leader").await;
-    let a = spawn_candidate(&ns.name, LEASE, "a");
-    let b = spawn_candidate(&ns.name, LEASE, "b");
+    let a = spawn_candidate(&ns.name, LEASE, "a").await;
+    let b = spawn_candidate(&ns.name, LEASE, "b").await;
     let leader = one_leader(&[&a, &b]).await;
     let (leading, standby) = if leader == 0 { (&a, &b) } else { (&b, &a) };
 
@@ -51,8 +50,8 @@ async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
 #[tokio::test]
 async fn killed_leader_is_replaced_within_the_lease_duration() {
     let ns = TestNamespace::new("failover").await;
-    let mut a = spawn_candidate(&ns.name, LEASE, "a");
-    let mut b = spawn_candidate(&ns.name, LEASE, "b");
+    let mut a = spawn_candidate(&ns.name, LEASE, "a").await;
+    let mut b = spawn_candidate(&ns.name, LEASE, "b").await;
     let leader = one_leader(&[&a, &b]).await;
     let (dead, survivor) = if leader == 0 { (&mut a, &b) } else { (&mut b, &a) };
 
@@ -76,8 +75,8 @@ async fn sigterm_releases_the_lease_and_the_standby_leads_at_once() {
     let ns = TestNamespace::new("handover").await;
     // A long lease: only a release can explain a fast hand-over.
     let long = Duration::from_secs(30);
-    let a = spawn_candidate(&ns.name, long, "a");
-    let b = spawn_candidate(&ns.name, long, "b");
+    let a = spawn_candidate(&ns.name, long, "a").await;
+    let b = spawn_candidate(&ns.name, long, "b").await;
     let leader = one_leader(&[&a, &b]).await;
     let (mut leaving, staying) = if leader == 0 { (a, b) } else { (b, a) };
     let old = holder(&ns).await.unwrap();
@@ -109,7 +108,7 @@ struct Relay {
 
 async fn relay_to_api_server(ns: &TestNamespace) -> (Relay, String) {
     let kubeconfig: serde_json::Value =
-        serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
+        serde_saphyr::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
     let server = kubeconfig["clusters"][0]["cluster"]["server"].as_str().unwrap().to_owned();
     let target = server.trim_start_matches("https://").to_owned();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -148,12 +147,12 @@ async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
     let (relay, relayed_kubeconfig) = relay_to_api_server(&ns).await;
     let args = election_args(&ns.name, LEASE);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut cut_off = spawn_operator(&ns.name, &relayed_kubeconfig, &args, &format!("{}-relayed", ns.name));
+    let mut cut_off = spawn_operator(&ns.name, &relayed_kubeconfig, &args, &format!("{}-relayed", ns.name)).await;
     wait_until("the relayed candidate to lead", TIMEOUT, || async {
         (metric(&cut_off, LEADER_SERIES).await? == 1.0).then_some(())
     })
     .await;
-    let standby = spawn_operator(&ns.name, &kubeconfig_path(), &args, &format!("{}-direct", ns.name));
+    let standby = spawn_operator(&ns.name, &kubeconfig_path(), &args, &format!("{}-direct", ns.name)).await;
     wait_until("the standby to be up", TIMEOUT, || async {
         (metric(&standby, LEADER_SERIES).await? == 0.0).then_some(())
     })
@@ -184,7 +183,7 @@ async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
 #[tokio::test]
 async fn metrics_count_reconciles_and_errors() {
     let ns = TestNamespace::new("metrics").await;
-    let op = spawn_operator(&ns.name, &kubeconfig_path(), &[], &format!("{}-op", ns.name));
+    let op = spawn_operator(&ns.name, &kubeconfig_path(), &[], &format!("{}-op", ns.name)).await;
     wait_until("the operator to be ready", TIMEOUT, || async {
         (http_get(op.probes, "/readyz").await?.0 == 200).then_some(())
     })
@@ -201,14 +200,14 @@ async fn metrics_count_reconciles_and_errors() {
         assert!(body.contains(name), "/metrics lacks {name}:\n{body}");
     }
     assert_eq!(metric(&op, SUCCESS_SERIES).await, Some(0.0));
-    assert_eq!(metric(&op, ERRORS_TOTAL).await, Some(0.0));
+    assert_eq!(metric(&op, ERRORS_SERIES).await, Some(0.0));
 
     create_foo(&ns, "good").await;
     wait_until("a successful reconcile to be counted", TIMEOUT, || async {
         (metric(&op, SUCCESS_SERIES).await? >= 1.0).then_some(())
     })
     .await;
-    assert_eq!(metric(&op, ERRORS_TOTAL).await, Some(0.0));
+    assert_eq!(metric(&op, ERRORS_SERIES).await, Some(0.0));
 
     // A Foo naming a Deployment that is not its own fails every sync.
     let foreign = deployment(&ns, "good").await.unwrap();
@@ -218,7 +217,7 @@ async fn metrics_count_reconciles_and_errors() {
     ns.api::<k8s_openapi::api::apps::v1::Deployment>().create(&PostParams::default(), &taken).await.unwrap();
     create_foo(&ns, "taken").await;
     wait_until("errors to be counted", TIMEOUT, || async {
-        let errors = metric(&op, ERRORS_TOTAL).await?;
+        let errors = metric(&op, ERRORS_SERIES).await?;
         let failed = metric(&op, ERROR_SERIES).await?;
         (errors >= 2.0 && failed == errors).then_some(())
     })
@@ -239,7 +238,7 @@ async fn readyz_is_unavailable_until_caches_sync() {
         kc["users"][0]["user"]["as-groups"] = serde_json::json!(["system:serviceaccounts", "system:authenticated"]);
     });
 
-    let op = spawn_operator(&ns.name, &path, &[], &format!("{}-op", ns.name));
+    let op = spawn_operator(&ns.name, &path, &[], &format!("{}-op", ns.name)).await;
     wait_until("/healthz to answer", TIMEOUT, || async {
         (http_get(op.probes, "/healthz").await?.0 == 200).then_some(())
     })

@@ -4,7 +4,7 @@ use kube::CustomResourceExt;
 use sample_controller::Foo;
 
 fn main() {
-    match serde_yaml::to_string(&Foo::crd()) {
+    match serde_saphyr::to_string(&Foo::crd()) {
         Ok(yaml) => print!("{yaml}"),
         Err(e) => {
             eprintln!("crdgen: cannot serialize the Foo CRD: {e}");

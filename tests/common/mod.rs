@@ -4,7 +4,6 @@
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::future::Future;
-use std::net::TcpListener;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -21,6 +20,7 @@ use kube::{Client, Config, ResourceExt};
 use sample_controller::Foo;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
 use sample_controller::controller::{self, Caches, Context, Settings};
+use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
 use sample_controller::metrics::Metrics;
 use serde_json::json;
 
@@ -114,10 +114,10 @@ impl TestNamespace {
     /// under the test's target directory; returns its path.
     pub fn kubeconfig_variant(&self, tag: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
         let mut kubeconfig: serde_json::Value =
-            serde_yaml::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
+            serde_saphyr::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
         edit(&mut kubeconfig);
         let path = format!("{}/{}-{tag}-kubeconfig", env!("CARGO_TARGET_TMPDIR"), self.name);
-        std::fs::write(&path, serde_yaml::to_string(&kubeconfig).unwrap()).unwrap();
+        std::fs::write(&path, serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
         path
     }
 
@@ -185,7 +185,7 @@ impl Drop for RunningController {
 pub fn start_controller(client: Client, namespace: Option<&str>) -> RunningController {
     let metrics = Arc::new(Metrics::new());
     let settings = Settings { namespace: namespace.map(str::to_owned), workers: 2 };
-    let (controller, caches) = controller::build(&client, &settings);
+    let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
     let ctx = Arc::new(Context::new(client.clone(), caches, metrics.clone(), Some("integration-test".into())));
     let task = tokio::spawn(controller::run(controller, ctx, futures::future::pending()));
     RunningController { task, metrics }
@@ -224,21 +224,17 @@ impl Drop for Operator {
     }
 }
 
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 /// Lease timings short enough for tests: 5 s lease, 3 s renew deadline,
 /// 1 s retry.
 pub const LEASE: Duration = Duration::from_secs(5);
 
-pub fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
-    let (metrics, probes) = (free_port(), free_port());
-    let log = std::fs::File::create(format!("{}/{log_name}.log", env!("CARGO_TARGET_TMPDIR"))).unwrap();
+pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
+    let log_path = format!("{}/{log_name}.log", env!("CARGO_TARGET_TMPDIR"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    // Port 0: the operator binds free ports itself and logs which.
     let child = Command::new(env!("CARGO_BIN_EXE_sample-controller"))
         .args(["--kubeconfig", kubeconfig, "--namespace", ns])
-        .args(["--metrics-bind-address", &format!("127.0.0.1:{metrics}")])
-        .args(["--health-probe-bind-address", &format!("127.0.0.1:{probes}")])
+        .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "info,sample_controller=debug")
         .env_remove("SAMPLE_CONTROLLER_KUBECONFIG")
@@ -246,7 +242,19 @@ pub fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str
         .stderr(log)
         .spawn()
         .expect("start sample-controller");
+    let (metrics, probes) = wait_until("the operator to report its ports", TIMEOUT, || async {
+        let log = std::fs::read_to_string(&log_path).ok()?;
+        Some((bound_port(&log, METRICS_ENDPOINTS)?, bound_port(&log, PROBE_ENDPOINTS)?))
+    })
+    .await;
     Operator { child, metrics, probes }
+}
+
+/// The port of the listener serving `endpoints`, from its start-up log line
+/// (`serving HTTP addr=127.0.0.1:PORT endpoints=...`).
+fn bound_port(log: &str, endpoints: &str) -> Option<u16> {
+    let line = log.lines().find(|l| l.contains("serving HTTP") && l.ends_with(&format!("endpoints={endpoints}")))?;
+    line.split_whitespace().find_map(|w| w.strip_prefix("addr="))?.rsplit(':').next()?.parse().ok()
 }
 
 /// Leader-election flags for a candidate in `ns`: the renew deadline is 3/5
@@ -263,13 +271,14 @@ pub fn election_args(ns: &str, lease_duration: Duration) -> Vec<String> {
     ]
 }
 
-pub fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operator {
+pub async fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operator {
     let args = election_args(ns, lease_duration);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    spawn_operator(ns, &kubeconfig_path(), &args, &format!("{ns}-{name}"))
+    spawn_operator(ns, &kubeconfig_path(), &args, &format!("{ns}-{name}")).await
 }
 
 pub const SUCCESS_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}";
+pub const ERRORS_SERIES: &str = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
 pub const LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller-test\"}";
 
 /// The identity holding the test Lease, if any.
