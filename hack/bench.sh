@@ -46,7 +46,7 @@ kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller
 log "release builds"
 cargo build --locked --release --quiet --bin sample-controller
 cargo bench --locked --quiet --no-run --bench floor --bench edit_latency
-BIN="$REPO_ROOT/target/release/sample-controller"
+BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/sample-controller"
 workers_flag=()
 [[ -n "$WORKERS" ]] && workers_flag=(--workers "$WORKERS")
 WORKERS_USED="${WORKERS:-$("$BIN" --help | sed -n 's/.*\[default: \([0-9]*\)\].*/\1/p' | head -n1)}"
