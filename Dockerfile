@@ -1,7 +1,11 @@
 # syntax=docker/dockerfile:1
 # Build: a static musl binary, so the runtime image needs no libc.
 FROM rust:1.95-alpine3.22 AS build
-RUN apk add --no-cache musl-dev=1.2.5-r10
+# Unpinned on purpose: Alpine deletes a package revision when it moves on,
+# so a pinned one breaks the build without notice; the base image's tag pins
+# the release.
+# hadolint ignore=DL3018
+RUN apk add --no-cache musl-dev
 WORKDIR /src
 # Dependencies first, so source edits do not rebuild them.
 COPY Cargo.toml Cargo.lock ./

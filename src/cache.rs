@@ -70,9 +70,13 @@ where
         self.written().resolve(key, self.store.get(key))
     }
 
-    /// The newest version we know of `obj`, a copy handed out by the store.
+    /// The newest version we know of `obj`, a copy the store handed out
+    /// earlier: the store's current one (the watch may have delivered our
+    /// write since, and cleared our record of it), or our write.
     pub fn latest(&self, obj: Arc<K>) -> Arc<K> {
-        self.written().resolve(&ObjectRef::from_obj(&obj), Some(obj.clone())).unwrap_or(obj)
+        let key = ObjectRef::from_obj(&*obj);
+        let cached = self.store.get(&key).unwrap_or_else(|| obj.clone());
+        self.written().resolve(&key, Some(cached)).unwrap_or(obj)
     }
 
     /// Cached objects matching `predicate`, as [`Cache::get`] sees them.
@@ -243,6 +247,7 @@ fn trim_metadata<K: Resource>(obj: &mut K) {
 mod tests {
     use super::*;
     use crate::testing::{DeploymentFixture, FooFixture};
+    use futures::StreamExt;
 
     fn key(d: &Deployment) -> ObjectRef<Deployment> {
         ObjectRef::from_obj(d)
@@ -302,6 +307,28 @@ mod tests {
         w.record(None, Some(Arc::new(d.clone())));
         w.observe(&predecessor); // its Delete event, arriving late
         assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d));
+    }
+
+    #[tokio::test]
+    async fn latest_prefers_what_the_watch_delivered_since_over_a_stale_copy() {
+        // A sync was handed the Foo before our status write; by the time it
+        // runs, the watch has delivered the write (and cleared our record).
+        let before = Foo::test("f");
+        let mut after = before.clone();
+        after.metadata.resource_version = Some("101".into());
+        after.status = Some(crate::FooStatus { available_replicas: 1, ..Default::default() });
+        let (cache, writer) = Cache::new();
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let drained = tokio::spawn(cache.reflect(writer, stream, trim_foo).for_each(|_| async {}));
+        for event in [watcher::Event::Init, watcher::Event::InitApply(before.clone()), watcher::Event::InitDone] {
+            events.unbounded_send(Ok(event)).unwrap();
+        }
+        cache.synced().await;
+        cache.wrote(Some(&before), Some(after.clone()), trim_foo);
+        events.unbounded_send(Ok(watcher::Event::Apply(after.clone()))).unwrap();
+        drop(events);
+        drained.await.unwrap();
+        assert_eq!(cache.latest(Arc::new(before)).resource_version().as_deref(), Some("101"));
     }
 
     #[test]

@@ -20,8 +20,9 @@ use crate::decision::EventSpec;
 
 /// Events waiting to be sent; client-go's broadcaster queues 1000.
 const QUEUE: usize = 1000;
-/// Events sent at once.
-const CONCURRENCY: usize = 4;
+/// Events sent at once: one, as client-go's broadcaster does, so that events
+/// never crowd out the syncs' own writes at the API server.
+const CONCURRENCY: usize = 1;
 
 /// Queues events and sends them in the background.
 pub struct Publisher {

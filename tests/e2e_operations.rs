@@ -195,7 +195,7 @@ async fn metrics_count_reconciles_and_errors() {
         "controller_runtime_reconcile_errors_total",
         "controller_runtime_reconcile_time_seconds_bucket",
         "controller_runtime_active_workers",
-        "controller_runtime_max_concurrent_reconciles{controller=\"foo\"} 2",
+        "controller_runtime_max_concurrent_reconciles{controller=\"foo\"} 16",
     ] {
         assert!(body.contains(name), "/metrics lacks {name}:\n{body}");
     }

@@ -1,0 +1,128 @@
+//! The seeds' examples (`examples/`), run against the local control plane
+//! with real Pods, their output checked line by line.
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use common::*;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+/// A running example, its stdout and stderr collected line by line.
+struct Example {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Drop for Example {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The example binaries sit next to the test binaries' directory
+/// (`target/<profile>/examples`), built by `cargo build --all-targets`.
+fn example_path(name: &str) -> PathBuf {
+    let deps = std::env::current_exe().unwrap().parent().unwrap().to_owned();
+    let path = deps.parent().unwrap().join("examples").join(name);
+    assert!(path.exists(), "{} is missing: build the examples first (`cargo build --examples`)", path.display());
+    path
+}
+
+fn run_example(name: &str, args: &[&str]) -> Example {
+    let mut child = Command::new(example_path(name))
+        .args(args)
+        .env("KUBECONFIG", kubeconfig_path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the example");
+    let lines = Arc::new(Mutex::new(Vec::new()));
+    for stream in [
+        Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
+        Box::new(child.stderr.take().unwrap()),
+    ] {
+        let lines = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line);
+            }
+        });
+    }
+    Example { child, lines }
+}
+
+impl Example {
+    /// Wait until the output holds `count` lines equal to `line`.
+    async fn prints(&self, line: &str, count: usize) {
+        wait_until(&format!("{count} line(s) {line:?}"), TIMEOUT, || async {
+            let lines = self.lines.lock().unwrap();
+            (lines.iter().filter(|l| l.as_str() == line).count() >= count).then_some(())
+        })
+        .await;
+    }
+
+    fn count(&self, prefix: &str) -> usize {
+        self.lines.lock().unwrap().iter().filter(|l| l.starts_with(prefix)).count()
+    }
+}
+
+async fn create_pod(ns: &TestNamespace, name: &str) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] }
+    }))
+    .unwrap();
+    ns.api::<Pod>().create(&PostParams::default(), &pod).await.expect("create Pod")
+}
+
+#[tokio::test]
+async fn workqueue_example_syncs_retries_five_times_then_drops_and_reports_deletions() {
+    let ns = TestNamespace::new("example-workqueue").await;
+    let example = run_example("workqueue", &["--namespace", &ns.name, "--fail", "broken"]);
+    create_pod(&ns, "hello").await;
+    example.prints("Sync/Add/Update for Pod hello", 1).await;
+
+    create_pod(&ns, "broken").await;
+    let key = format!("{}/broken", ns.name);
+    example
+        .prints(&format!("Dropping pod {key:?} out of the queue: sync of Pod broken failed on purpose (--fail)"), 1)
+        .await;
+    assert_eq!(example.count(&format!("Error syncing pod {key}: ")), 5, "five retries before dropping");
+
+    // An unscheduled Pod is deleted at once.
+    ns.api::<Pod>().delete("hello", &DeleteParams::default()).await.unwrap();
+    example.prints(&format!("Pod {}/hello does not exist anymore", ns.name), 1).await;
+}
+
+#[tokio::test]
+async fn pod_events_example_reports_add_update_and_delete_with_resource_versions() {
+    let ns = TestNamespace::new("example-pod-events").await;
+    let example = run_example("pod_events", &["--namespace", &ns.name]);
+    let created = create_pod(&ns, "watched").await;
+    example.prints("Find a Pod add event.", 1).await;
+    example.prints("\tName: watched", 1).await;
+
+    // The phase moves, as a kubelet would report it.
+    let running = json!({ "status": { "phase": "Running" } });
+    let updated =
+        ns.api::<Pod>().patch_status("watched", &PatchParams::default(), &Patch::Merge(&running)).await.unwrap();
+    example.prints("Find a Pod update event.", 1).await;
+    example.prints(&format!("\tResource Version: {}", updated.metadata.resource_version.unwrap()), 1).await;
+    example.prints("\tOld Status: Pending", 1).await;
+    example.prints("\tNew Status: Running", 1).await;
+
+    ns.api::<Pod>()
+        .delete("watched", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
+        .await
+        .unwrap();
+    example.prints("Find a Pod delete event.", 1).await;
+    assert!(created.metadata.resource_version.is_some());
+    assert_eq!(example.count("\tName: watched"), 2, "named in the add and the delete");
+}
