@@ -14,28 +14,25 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Patch, PatchParams};
 use kube::runtime::watcher::{self, Event, watcher};
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, ResourceExt};
 use sample_controller::Foo;
 use tokio::sync::mpsc;
+
+mod support;
 
 const USER_AGENT: &str = "sample-controller-bench/0";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let [namespace, edits] = args.as_slice() else {
-        return Err("usage: edit_latency <namespace> <edits>".into());
-    };
+    let [namespace, edits] = support::args("edit_latency <namespace> <edits>")?;
     let edits: usize = edits.parse()?;
-    let mut config = Config::infer().await?;
-    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
-    let client = Client::try_from(config)?;
-    let foos: Api<Foo> = Api::namespaced(client.clone(), namespace);
+    let client = support::client(USER_AGENT).await?;
+    let foos: Api<Foo> = Api::namespaced(client.clone(), &namespace);
 
     // Deployment replicas as the watch reports them, sent to the timer.
     let (tx, mut seen) = mpsc::unbounded_channel::<(String, i32, Instant)>();
     let (ready_tx, ready) = tokio::sync::oneshot::channel();
-    let deployments: Api<Deployment> = Api::namespaced(client, namespace);
+    let deployments: Api<Deployment> = Api::namespaced(client, &namespace);
     tokio::spawn(async move {
         let mut ready_tx = Some(ready_tx);
         let mut events = std::pin::pin!(watcher(deployments, watcher::Config::default()));

@@ -13,26 +13,23 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, Client, Config, ResourceExt};
+use kube::{Api, ResourceExt};
 use sample_controller::Foo;
 use sample_controller::decision::decide;
 use sample_controller::deployment::desired_deployment;
+
+mod support;
 
 /// Its own User-Agent, so the audit log tells it from the controller.
 const USER_AGENT: &str = "sample-controller-floor/0";
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let [namespace, concurrency] = args.as_slice() else {
-        return Err("usage: floor <namespace> <concurrency>".into());
-    };
+    let [namespace, concurrency] = support::args("floor <namespace> <concurrency>")?;
     let concurrency: usize = concurrency.parse()?;
-    let mut config = Config::infer().await?;
-    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
-    let client = Client::try_from(config)?;
-    let foos: Api<Foo> = Api::namespaced(client.clone(), namespace);
-    let deployments = Api::namespaced(client.clone(), namespace);
+    let client = support::client(USER_AGENT).await?;
+    let foos: Api<Foo> = Api::namespaced(client.clone(), &namespace);
+    let deployments = Api::namespaced(client.clone(), &namespace);
 
     let started = Instant::now();
     let all = foos.list(&ListParams::default()).await?.items;

@@ -99,7 +99,7 @@ pub fn backoff_delay(failures: u32) -> Duration {
 pub struct Settings {
     /// Watch only this namespace; all namespaces when `None`.
     pub namespace: Option<String>,
-    /// Foos reconciled at once (upstream's `threadiness`, default 2).
+    /// Foos reconciled at once (upstream's `threadiness`; `--workers`).
     pub workers: u16,
 }
 
@@ -151,10 +151,10 @@ impl Backoff for EachWatchBacksOff {
 /// Deployments labelled as made by it (upstream's informer caches every
 /// Deployment in the cluster; other people's never reach this one).
 pub fn build(client: &Client, settings: &Settings, queue: Arc<Workqueue>) -> (Controller<Foo>, Caches) {
-    // `any_semantic`: the first list is served from the API server's watch
-    // cache instead of a quorum read of etcd.
-    let foo_watch = watcher::Config::default().any_semantic();
-    let deployment_watch = watcher::Config::default().labels(&managed_selector()).any_semantic();
+    // Lists in pages of 500 (kube-runtime's default); kube sends no
+    // resourceVersion=0 with a page size, so they are consistent reads.
+    let foo_watch = watcher::Config::default();
+    let deployment_watch = watcher::Config::default().labels(&managed_selector());
     let (foos, foo_writer) = Cache::new();
     let (deployments, deployment_writer) = Cache::new();
     let foo_events =
