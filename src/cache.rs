@@ -32,6 +32,8 @@ use crate::foo::Foo;
 /// A reflector store of `K`, plus our own writes it has not seen yet.
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
+    /// What is dropped from every object before it is kept.
+    trim: fn(&mut K),
     written: Mutex<Written<K>>,
     synced: watch::Sender<bool>,
 }
@@ -40,23 +42,23 @@ impl<K> Cache<K>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
 {
-    /// An empty cache, and the writer that [`Cache::reflect`] fills it with.
-    pub fn new() -> (Arc<Self>, Writer<K>) {
+    /// An empty cache of objects trimmed by `trim`, and the writer that
+    /// [`Cache::reflect`] fills it with.
+    pub fn new(trim: fn(&mut K)) -> (Arc<Self>, Writer<K>) {
         let (store, writer) = reflector::store();
-        let cache = Cache { store, written: Mutex::default(), synced: watch::Sender::new(false) };
+        let cache = Cache { store, trim, written: Mutex::default(), synced: watch::Sender::new(false) };
         (Arc::new(cache), writer)
     }
 
-    /// Feed `events` (a watcher stream) through `trim` into this cache; the
+    /// Feed `events` (a watcher stream), trimmed, into this cache; the
     /// events are passed on, trimmed, for the controller's triggers.
     pub fn reflect(
         self: &Arc<Self>,
         writer: Writer<K>,
         events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
-        trim: fn(&mut K),
     ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
         let cache = self.clone();
-        reflector(writer, events.modify(trim)).inspect(move |event| {
+        reflector(writer, events.modify(self.trim)).inspect(move |event| {
             if let Ok(event) = event {
                 cache.observe(event);
             }
@@ -93,9 +95,9 @@ where
     /// Record what the API server returned to our write (`None`: we deleted
     /// the object `before`). `before` is the version the write was based on
     /// (`None` for a create).
-    pub fn wrote(&self, before: Option<&K>, after: Option<K>, trim: fn(&mut K)) {
+    pub fn wrote(&self, before: Option<&K>, after: Option<K>) {
         let after = after.map(|mut obj| {
-            trim(&mut obj);
+            (self.trim)(&mut obj);
             Arc::new(obj)
         });
         self.written().record(before, after);
@@ -106,10 +108,6 @@ where
         let mut rx = self.synced.subscribe();
         // Err only if the sender is gone, and it lives as long as `self`.
         let _ = rx.wait_for(|synced| *synced).await;
-    }
-
-    pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
     }
 
     /// The reader the controller schedules syncs from.
@@ -317,14 +315,14 @@ mod tests {
         let mut after = before.clone();
         after.metadata.resource_version = Some("101".into());
         after.status = Some(crate::FooStatus { available_replicas: 1, ..Default::default() });
-        let (cache, writer) = Cache::new();
+        let (cache, writer) = Cache::new(trim_foo);
         let (events, stream) = futures::channel::mpsc::unbounded();
-        let drained = tokio::spawn(cache.reflect(writer, stream, trim_foo).for_each(|_| async {}));
+        let drained = tokio::spawn(cache.reflect(writer, stream).for_each(|_| async {}));
         for event in [watcher::Event::Init, watcher::Event::InitApply(before.clone()), watcher::Event::InitDone] {
             events.unbounded_send(Ok(event)).unwrap();
         }
         cache.synced().await;
-        cache.wrote(Some(&before), Some(after.clone()), trim_foo);
+        cache.wrote(Some(&before), Some(after.clone()));
         events.unbounded_send(Ok(watcher::Event::Apply(after.clone()))).unwrap();
         drop(events);
         drained.await.unwrap();

@@ -155,8 +155,8 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<Workqueue>) -> (Co
     // resourceVersion=0 with a page size, so they are consistent reads.
     let foo_watch = watcher::Config::default();
     let deployment_watch = watcher::Config::default().labels(&managed_selector());
-    let (foos, foo_writer) = Cache::new();
-    let (deployments, deployment_writer) = Cache::new();
+    let (foos, foo_writer) = Cache::new(trim_foo);
+    let (deployments, deployment_writer) = Cache::new(trim_deployment);
     let foo_events =
         relisting_watcher(api::<Foo>(client, settings.namespace.as_deref()), foo_watch).backoff(watch_backoff());
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
@@ -170,16 +170,14 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<Workqueue>) -> (Co
             });
     // What triggers a sync, counted as the workqueue's adds.
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
-    let foo_triggers = foos.reflect(foo_writer, foo_events, trim_foo).applied_objects().inspect(move |foo| {
+    let foo_triggers = foos.reflect(foo_writer, foo_events).applied_objects().inspect(move |foo| {
         if let Ok(foo) = foo {
             q1.added(queue_key(&ObjectRef::from_obj(foo)));
         }
     });
     // Deletions too: a Deployment deleted by hand is put back.
-    let owned_triggers = deployments
-        .reflect(deployment_writer, deployment_events, trim_deployment)
-        .touched_objects()
-        .inspect(move |d| {
+    let owned_triggers =
+        deployments.reflect(deployment_writer, deployment_events).touched_objects().inspect(move |d| {
             if let Ok(d) = d {
                 owners(d).for_each(|foo| q2.added(queue_key(&foo)));
             }
@@ -411,7 +409,7 @@ async fn write_deployment(
                 .map_err(target.api_error("scale Deployment"))?
         }
     };
-    ctx.caches.deployments.wrote(current, Some(written), trim_deployment);
+    ctx.caches.deployments.wrote(current, Some(written));
     Ok(Written::Done)
 }
 
@@ -435,7 +433,7 @@ async fn delete_stale(
             Err(e) => return Err(target.api_error("delete old Deployment")(e)),
         }
         if let Some(before) = owned.iter().find(|d| d.name_any() == stale.name) {
-            ctx.caches.deployments.wrote(Some(before), None, trim_deployment);
+            ctx.caches.deployments.wrote(Some(before), None);
         }
     }
     Ok(())
@@ -447,7 +445,7 @@ async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) ->
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
     let patch = json!({ "status": status });
     match foos.patch_status(&target.name, &field_manager(), &Patch::Merge(&patch)).await {
-        Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated), trim_foo),
+        Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated)),
         // Deleted meanwhile: the garbage collector takes it from here.
         Err(kube::Error::Api(s)) if s.is_not_found() => {}
         Err(e) => return Err(target.api_error("update Foo status")(e)),

@@ -290,7 +290,7 @@ async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
         delete_deployment(&ns, name).await;
     }
     ns.api::<Foo>().delete("foo-13", &DeleteParams::background()).await.unwrap();
-    create_foos_named(&ns, "late").await;
+    create_one_foo(&ns, "late").await;
 
     let _op = operator(&ns, "after", &[]).await;
     let took = converged(&ns, "after the restart").await;
@@ -298,7 +298,7 @@ async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
     assert!(deployment(&ns, "foo-10").await.is_none(), "the renamed Foo's old Deployment is removed");
 }
 
-async fn create_foos_named(ns: &TestNamespace, name: &str) {
+async fn create_one_foo(ns: &TestNamespace, name: &str) {
     let foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(2) });
     ns.api::<Foo>().create(&PostParams::default(), &foo).await.expect("create Foo");
 }

@@ -202,11 +202,11 @@ async fn filled<K>(objects: &[K], trim: fn(&mut K)) -> Arc<Cache<K>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {
-    let (cache, writer) = Cache::new();
+    let (cache, writer) = Cache::new(trim);
     let mut events = vec![Ok(WatchEvent::Init)];
     events.extend(objects.iter().cloned().map(|o| Ok(WatchEvent::InitApply(o))));
     events.push(Ok(WatchEvent::InitDone));
-    cache.reflect(writer, futures::stream::iter(events), trim).for_each(|_| async {}).await;
+    cache.reflect(writer, futures::stream::iter(events)).for_each(|_| async {}).await;
     cache
 }
 
