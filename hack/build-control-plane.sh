@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Builds etcd, kube-apiserver and kube-controller-manager from the Go modules
-# pinned in hack/tools/go.mod into $ASSETS_DIR (envtest's KUBEBUILDER_ASSETS
-# layout). Only the Go module proxy is used. A warm run (binaries present and
-# built from the same go.sum) returns at once.
+# Builds etcd, kube-apiserver, kube-controller-manager and kube-scheduler from
+# the Go modules pinned in hack/tools/go.mod, and kwok from hack/tools/kwok,
+# into $ASSETS_DIR (envtest's KUBEBUILDER_ASSETS layout). Only the Go module
+# proxy is used. A warm run (binaries present and built from the same go.sum
+# files) returns at once.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
-  for b in etcd kube-apiserver; do
+  for b in "${PLANE_BINARIES[@]}"; do
     [[ -x "$KUBEBUILDER_ASSETS/$b" ]] || die "KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS has no executable $b"
   done
   log "using KUBEBUILDER_ASSETS=$KUBEBUILDER_ASSETS"
@@ -15,12 +16,15 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   exit 0
 fi
 
-command -v go >/dev/null || die "Go is needed to build the test control plane (etcd, kube-apiserver, kube-controller-manager); install Go >= 1.24 or set KUBEBUILDER_ASSETS"
+command -v go >/dev/null || die "Go is needed to build the test control plane (${PLANE_BINARIES[*]}); install Go >= 1.24 or set KUBEBUILDER_ASSETS"
 
 stamp="$ASSETS_DIR/.go.sum.sha256"
-want="$(sha256sum "$REPO_ROOT/hack/tools/go.sum" | cut -d' ' -f1)"
-if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] \
-   && [[ -x "$ASSETS_DIR/etcd" && -x "$ASSETS_DIR/kube-apiserver" && -x "$ASSETS_DIR/kube-controller-manager" ]]; then
+want="$(cat "$REPO_ROOT/hack/tools/go.sum" "$REPO_ROOT/hack/tools/kwok/go.sum" | sha256sum | cut -d' ' -f1)"
+all_built() {
+  local b
+  for b in "${PLANE_BINARIES[@]}"; do [[ -x "$ASSETS_DIR/$b" ]] || return 1; done
+}
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && all_built; then
   echo "$ASSETS_DIR"
   exit 0
 fi
@@ -39,6 +43,9 @@ kube_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X
 go build -trimpath -ldflags='-s -w' -o "$ASSETS_DIR/etcd" go.etcd.io/etcd/server/v3
 go build -trimpath -ldflags="$kube_ldflags" -o "$ASSETS_DIR/kube-apiserver" k8s.io/kubernetes/cmd/kube-apiserver
 go build -trimpath -ldflags="$kube_ldflags" -o "$ASSETS_DIR/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
+go build -trimpath -ldflags="$kube_ldflags" -o "$ASSETS_DIR/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler
+# kwok has a module of its own (see hack/tools/kwok/tools.go).
+(cd kwok && go build -trimpath -ldflags='-s -w' -o "$ASSETS_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
 echo "$want" > "$stamp"
 log "built in $((SECONDS - start))s"
 echo "$ASSETS_DIR"

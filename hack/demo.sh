@@ -42,23 +42,19 @@ kubectl apply -f artifacts/examples/example-foo.yaml
 kubectl wait --for=create --timeout=60s deployment/example-foo >/dev/null 2>&1 \
   || kubectl wait --for=jsonpath='{.metadata.name}'=example-foo --timeout=60s deployment/example-foo >/dev/null
 
-if $local_plane; then
-  # The local control plane has no kubelet: report the pod started and
-  # Ready, as a kubelet would, so availability flows back to the Foo.
-  log "no kubelet here: marking the example pod Ready through its status subresource"
-  for _ in $(seq 1 50); do
-    pod="$(kubectl get pods -l controller=example-foo -o name | head -n1)"
-    [[ -n "$pod" ]] && break
-    sleep 0.2
-  done
-  now="$(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  kubectl patch "$pod" --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Running\",\"conditions\":[{\"type\":\"Ready\",\"status\":\"True\",\"lastTransitionTime\":\"$now\"},{\"type\":\"ContainersReady\",\"status\":\"True\",\"lastTransitionTime\":\"$now\"}]}}" >/dev/null
-fi
+# On the local plane the pod is scheduled onto a kwok node and reported Ready.
 kubectl wait --for=jsonpath='{.status.availableReplicas}'=1 --timeout=60s foo/example-foo >/dev/null || true
 
 echo
 echo "\$ kubectl get foo,deploy"
 kubectl get foo,deploy
+echo
+echo "\$ kubectl scale foo/example-foo --replicas=3"
+kubectl scale foo/example-foo --replicas=3
+kubectl wait --for=jsonpath='{.status.availableReplicas}'=3 --timeout=60s foo/example-foo >/dev/null || true
+echo
+echo "\$ kubectl get foo,pods -o wide"
+kubectl get foo,pods -o wide
 echo
 echo "\$ kubectl events --for foo/example-foo"
 kubectl events --for foo/example-foo

@@ -6,12 +6,13 @@
 #   hack/local-chaos.sh start COMPONENT   start it again with the same flags
 #                                          and data; return once it serves
 #
-# COMPONENT: etcd, kube-apiserver or kube-controller-manager.
+# COMPONENT: one of hack/lib.sh's PLANE_BINARIES (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 DIR="${LOCAL_UP_DIR:-$REPO_ROOT/.local/control-plane}"
-(( $# == 2 )) || die "usage: $0 kill|start etcd|kube-apiserver|kube-controller-manager"
+(( $# == 2 )) || die "usage: $0 kill|start $(IFS='|'; echo "${PLANE_BINARIES[*]}")"
 action=$1 name=$2
 [[ -f "$DIR/$name.cmd" ]] || die "no $name in $DIR (start the plane with hack/local-up.sh)"
 # shellcheck source=/dev/null
@@ -22,7 +23,7 @@ serving() {
     etcd) curl -fsS "http://127.0.0.1:$ETCD_PORT/health" ;;
     kube-apiserver) curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
         "https://127.0.0.1:$APISERVER_PORT/readyz" ;;
-    kube-controller-manager) kill -0 "$(cat "$DIR/$name.pid")" ;;
+    *) kill -0 "$(cat "$DIR/$name.pid")" ;;
   esac
 }
 

@@ -8,7 +8,7 @@ DIR="${LOCAL_UP_DIR:-$REPO_ROOT/.local/control-plane}"
 [[ -d "$DIR" ]] || exit 0
 
 # Reverse start order, so nothing logs errors about what went first.
-for name in kube-controller-manager kube-apiserver etcd; do
+for name in kwok kube-scheduler kube-controller-manager kube-apiserver etcd; do
   pidfile="$DIR/$name.pid"
   [[ -f "$pidfile" ]] || continue
   pid="$(cat "$pidfile")"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Start a local Kubernetes control plane on loopback: etcd, kube-apiserver
-# (RBAC, admission, status/scale subresources) and kube-controller-manager
-# (garbage collector, Deployment/ReplicaSet controllers). There is no kubelet
-# or scheduler: pods stay unscheduled, and tests mark them Ready through the
-# pod status subresource as a kubelet would.
+# (RBAC, admission, status/scale subresources), kube-controller-manager
+# (garbage collector, Deployment/ReplicaSet controllers), kube-scheduler, and
+# kwok simulating LOCAL_UP_NODES nodes (default 3): pods are scheduled onto
+# them and become Running and Ready through the stages in hack/kwok/, as a
+# kubelet would report them, without running any container.
 #
 #   eval "$(hack/local-up.sh)"   # last line printed: export KUBECONFIG=...
 #   kubectl get ns
@@ -27,7 +28,11 @@ KUBECONFIG_OUT="$DIR/kubeconfig"
 
 alive() { [[ -f "$DIR/$1.pid" ]] && kill -0 "$(cat "$DIR/$1.pid")" 2>/dev/null; }
 
-if alive etcd && alive kube-apiserver && alive kube-controller-manager && [[ -f "$KUBECONFIG_OUT" ]]; then
+all_alive() {
+  local name
+  for name in "${PLANE_BINARIES[@]}"; do alive "$name" || return 1; done
+}
+if all_alive && [[ -f "$KUBECONFIG_OUT" ]]; then
   log "control plane already running in $DIR"
   echo "export KUBECONFIG=$KUBECONFIG_OUT"
   exit 0
@@ -180,6 +185,46 @@ start kube-controller-manager \
 # The ServiceAccount controller creating "default" proves the controller
 # manager is running its loops; pods cannot be created before it.
 wait_for kube-controller-manager 120 kubectl --kubeconfig "$DIR/admin.kubeconfig" get serviceaccount default -n default
+
+log "starting kube-scheduler"
+cat > "$DIR/scheduler.yaml" <<CONFIG
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+clientConnection:
+  kubeconfig: $DIR/admin.kubeconfig
+  qps: 200
+  burst: 400
+leaderElection:
+  leaderElect: false
+CONFIG
+start kube-scheduler --config "$DIR/scheduler.yaml" --secure-port 0 \
+  --authentication-kubeconfig "$DIR/admin.kubeconfig" --authorization-kubeconfig "$DIR/admin.kubeconfig" \
+  --v 1
+
+log "starting kwok with ${LOCAL_UP_NODES:-3} simulated nodes"
+# Node leases are the heartbeat the controller-manager checks (kwok's default
+# only applies without a --config). A pod CIDR large enough for the
+# benchmark's scale mode.
+start kwok --kubeconfig "$DIR/admin.kubeconfig" --config "$REPO_ROOT/hack/kwok/stages.yaml" \
+  --manage-all-nodes=true --node-lease-duration-seconds 40 --cidr 10.128.0.0/12 --node-ip 10.64.0.1 \
+  --server-address ""
+for i in $(seq 0 $((${LOCAL_UP_NODES:-3} - 1))); do
+  cat <<NODE
+apiVersion: v1
+kind: Node
+metadata:
+  name: kwok-node-$i
+  annotations:
+    kwok.x-k8s.io/node: fake
+  labels:
+    kubernetes.io/hostname: kwok-node-$i
+    kubernetes.io/os: linux
+    kubernetes.io/arch: amd64
+    type: kwok
+---
+NODE
+done | kubectl --kubeconfig "$DIR/admin.kubeconfig" apply -f - >/dev/null
+wait_for "kwok's nodes" 60 kubectl --kubeconfig "$DIR/admin.kubeconfig" wait --for=condition=Ready node --all --timeout=1s
 
 cp "$DIR/admin.kubeconfig" "$KUBECONFIG_OUT"
 log "control plane ready (state and logs in $DIR)"

@@ -17,7 +17,6 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -260,7 +259,7 @@ async fn leader_killed_mid_convergence_hands_over_without_writes_from_the_old_on
     assert_eq!(metric(survivor, LEADER_SERIES).await, Some(1.0));
 
     // Events name their writer: after the kill, only the new leader wrote.
-    let events = ns.api::<Event>().list(&ListParams::default()).await.unwrap().items;
+    let events = ns.controller_events().await;
     for e in &events {
         let at = e.series.as_ref().map(|s| s.last_observed_time.0).or(e.event_time.as_ref().map(|t| t.0));
         if at.is_some_and(|at| at > killed) {

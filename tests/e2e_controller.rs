@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::controller::Context;
@@ -73,7 +74,6 @@ async fn example_foo_gets_its_deployment_and_a_synced_event() {
 async fn status_available_replicas_follows_ready_pods() {
     let ns = TestNamespace::new("status").await;
     let _controller = start_controller(ns.client.clone(), Some(&ns.name));
-    let _kubelet = fake_kubelet(&ns);
     create_foo(&ns, "example-foo", "example-foo", Some(2)).await;
 
     let foos = ns.api::<Foo>();
@@ -90,6 +90,10 @@ async fn status_available_replicas_follows_ready_pods() {
     assert_eq!(rs.len(), 1);
     assert_eq!(rs[0].owner_references()[0].name, "example-foo");
     assert_eq!(rs[0].status.as_ref().unwrap().ready_replicas, Some(2));
+    // ...and its pods were bound by the scheduler to kwok's simulated nodes.
+    let pods = ns.api::<Pod>().list(&ListParams::default()).await.unwrap().items;
+    let nodes: Vec<_> = pods.iter().filter_map(|p| p.spec.as_ref()?.node_name.as_deref()).collect();
+    assert!(nodes.len() == 2 && nodes.iter().all(|n| n.starts_with("kwok-node-")), "{nodes:?}");
     let out = ns.kubectl(&["get", "foo", "example-foo"]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("DEPLOYMENT") && table.contains("AVAILABLE"), "{table}");
@@ -236,7 +240,6 @@ async fn deployment_name_change_moves_to_the_new_deployment() {
 #[tokio::test]
 async fn in_sync_foo_causes_no_writes() {
     let ns = TestNamespace::new("quiet").await;
-    let _kubelet = fake_kubelet(&ns);
     let controller = start_controller(ns.client.clone(), Some(&ns.name));
     create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
     let foos: Api<Foo> = ns.api();

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// A running example, its stdout and stderr collected line by line.
 struct Example {
@@ -74,11 +74,25 @@ impl Example {
 }
 
 async fn create_pod(ns: &TestNamespace, name: &str) -> Pod {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": name },
-        "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] }
-    }))
-    .unwrap();
+    create_pod_with(ns, name, json!({})).await
+}
+
+/// A Pod the scheduler leaves Pending until `release` removes its gate, so
+/// that a watcher sees it added before kwok starts it.
+async fn create_gated_pod(ns: &TestNamespace, name: &str) -> Pod {
+    create_pod_with(ns, name, json!({ "schedulingGates": [{ "name": HOLD }] })).await
+}
+
+const HOLD: &str = "samplecontroller.k8s.io/test-hold";
+
+async fn release(ns: &TestNamespace, name: &str) {
+    let patch = json!({ "spec": { "schedulingGates": null } });
+    ns.api::<Pod>().patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.expect("remove the gate");
+}
+
+async fn create_pod_with(ns: &TestNamespace, name: &str, mut spec: Value) -> Pod {
+    spec["containers"] = json!([{ "name": "c", "image": "busybox:1" }]);
+    let pod: Pod = serde_json::from_value(json!({ "metadata": { "name": name }, "spec": spec })).unwrap();
     ns.api::<Pod>().create(&PostParams::default(), &pod).await.expect("create Pod")
 }
 
@@ -96,7 +110,8 @@ async fn workqueue_example_syncs_retries_five_times_then_drops_and_reports_delet
         .await;
     assert_eq!(example.count(&format!("Error syncing pod {key}: ")), 5, "five retries before dropping");
 
-    // An unscheduled Pod is deleted at once.
+    // A graceful delete, finished by kwok as a kubelet would once the
+    // containers stopped.
     ns.api::<Pod>().delete("hello", &DeleteParams::default()).await.unwrap();
     example.prints(&format!("Pod {}/hello does not exist anymore", ns.name), 1).await;
 }
@@ -105,23 +120,21 @@ async fn workqueue_example_syncs_retries_five_times_then_drops_and_reports_delet
 async fn pod_events_example_reports_add_update_and_delete_with_resource_versions() {
     let ns = TestNamespace::new("example-pod-events").await;
     let example = run_example("pod_events", &["--namespace", &ns.name]);
-    let created = create_pod(&ns, "watched").await;
+    let created = create_gated_pod(&ns, "watched").await;
     example.prints("Find a Pod add event.", 1).await;
     example.prints("\tName: watched", 1).await;
 
-    // The phase moves, as a kubelet would report it.
-    let running = json!({ "status": { "phase": "Running" } });
-    let updated =
-        ns.api::<Pod>().patch_status("watched", &PatchParams::default(), &Patch::Merge(&running)).await.unwrap();
-    example.prints("Find a Pod update event.", 1).await;
-    example.prints(&format!("\tResource Version: {}", updated.metadata.resource_version.unwrap()), 1).await;
-    example.prints("\tOld Status: Pending", 1).await;
+    // The scheduler binds it to a kwok node, and kwok reports it started.
+    release(&ns, "watched").await;
     example.prints("\tNew Status: Running", 1).await;
+    let running = ns.api::<Pod>().get("watched").await.unwrap();
+    let node = running.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default();
+    assert!(node.starts_with("kwok-node-"), "scheduled onto {node:?}");
+    example.prints("Find a Pod update event.", 1).await;
+    example.prints(&format!("\tResource Version: {}", running.metadata.resource_version.unwrap()), 1).await;
+    example.prints("\tOld Status: Pending", 1).await;
 
-    ns.api::<Pod>()
-        .delete("watched", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
-        .await
-        .unwrap();
+    ns.api::<Pod>().delete("watched", &DeleteParams::default()).await.unwrap();
     example.prints("Find a Pod delete event.", 1).await;
     assert!(created.metadata.resource_version.is_some());
     assert_eq!(example.count("\tName: watched"), 2, "named in the add and the delete");

@@ -9,8 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{ListParams, PostParams};
+use kube::api::PostParams;
 use sample_controller::{Foo, FooSpec};
 
 const ERROR_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
@@ -36,7 +35,7 @@ async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
     assert_eq!(metric(standby, ERROR_SERIES).await, Some(0.0), "the standby reconciled");
     // Every event about the Foo came from the Lease holder.
     let holder = holder(&ns).await.expect("a Lease holder");
-    let events = ns.api::<Event>().list(&ListParams::default()).await.unwrap().items;
+    let events = ns.controller_events().await;
     let instances: Vec<_> = events.iter().filter_map(|e| e.reporting_instance.clone()).collect();
     assert!(!instances.is_empty());
     assert!(instances.iter().all(|i| *i == holder), "writers {instances:?}, leader {holder}");

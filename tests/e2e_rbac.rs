@@ -46,7 +46,7 @@ async fn deploy_manifests_pass_a_server_side_dry_run_as_files_and_as_kustomizati
 #[tokio::test]
 async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() {
     installed();
-    // The ReplicaSet controller could create them (no kubelet runs them here).
+    // The ReplicaSet controller could create them (kwok runs them on simulated nodes).
     let admin = admin_client().await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     wait_until("the operator's 2 pods to be admitted", TIMEOUT, || async {
@@ -83,7 +83,6 @@ async fn the_service_account_can_run_the_whole_controller() {
     // Watching all namespaces, as deployed.
     let controller = start_controller(service_account_client(NS, SA).await, None);
     let ns = TestNamespace::new("rbac").await;
-    let _kubelet = fake_kubelet(&ns);
     let foos: Api<Foo> = ns.api();
     foos.create(
         &PostParams::default(),

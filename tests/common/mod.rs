@@ -1,6 +1,6 @@
 //! Shared harness of the integration tests: a client for the control plane
 //! that `hack/test.sh` started, a namespace per test, an in-process
-//! controller per test, a stand-in kubelet, and polling helpers.
+//! controller per test, and polling helpers.
 #![allow(dead_code)] // each test binary uses its own subset
 
 use std::future::Future;
@@ -11,13 +11,14 @@ use std::time::{Duration, Instant};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config, ResourceExt};
 use sample_controller::Foo;
+use sample_controller::constants::CONTROLLER_NAME;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
 use sample_controller::controller::{self, Caches, Context, Settings};
 use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
@@ -119,6 +120,13 @@ impl TestNamespace {
         let path = format!("{}/{}-{tag}-kubeconfig", env!("CARGO_TARGET_TMPDIR"), self.name);
         std::fs::write(&path, serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
         path
+    }
+
+    /// The Events this controller wrote here (the scheduler reports its pod
+    /// bindings in the same namespace).
+    pub async fn controller_events(&self) -> Vec<Event> {
+        let list = self.api::<Event>().list(&ListParams::default()).await.expect("list events");
+        list.items.into_iter().filter(|e| e.reporting_controller.as_deref() == Some(CONTROLLER_NAME)).collect()
     }
 
     /// Events about the object named `name`, as "Type Reason: note".
@@ -352,51 +360,6 @@ pub async fn deployment(ns: &TestNamespace, name: &str) -> Option<Deployment> {
 
 pub fn replicas(d: &Deployment) -> Option<i32> {
     d.spec.as_ref().and_then(|s| s.replicas)
-}
-
-/// A stand-in kubelet: there is no node, so pods the ReplicaSet controller
-/// creates stay unscheduled; this marks each one Running and Ready through
-/// the pod status subresource, as a kubelet reports a started pod. Stops
-/// when dropped.
-pub struct FakeKubelet(tokio::task::JoinHandle<()>);
-
-impl Drop for FakeKubelet {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
-pub fn fake_kubelet(ns: &TestNamespace) -> FakeKubelet {
-    let pods: Api<Pod> = ns.api();
-    FakeKubelet(tokio::spawn(async move {
-        loop {
-            if let Ok(list) = pods.list(&ListParams::default()).await {
-                for pod in list.items {
-                    let ready = pod
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-                    if ready || pod.metadata.deletion_timestamp.is_some() {
-                        continue;
-                    }
-                    let now = k8s_openapi::jiff::Timestamp::now().to_string();
-                    let status = json!({ "status": {
-                        "phase": "Running",
-                        "startTime": now,
-                        "conditions": [
-                            { "type": "PodScheduled", "status": "True", "lastTransitionTime": now },
-                            { "type": "Initialized", "status": "True", "lastTransitionTime": now },
-                            { "type": "ContainersReady", "status": "True", "lastTransitionTime": now },
-                            { "type": "Ready", "status": "True", "lastTransitionTime": now },
-                        ],
-                    }});
-                    let _ = pods.patch_status(&pod.name_any(), &PatchParams::default(), &Patch::Merge(&status)).await;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    }))
 }
 
 pub async fn delete_deployment(ns: &TestNamespace, name: &str) {
