@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The project's test command (README.md; .ci/run calls it): build, check
 # formatting, lints, generated files and the Dockerfile, run the unit and
-# mocked-API tests, then the integration and chaos tests on a local control
-# plane (built from Go modules on first use). Integration tests never skip:
+# mocked-API tests, build the image (offline, with buildah), then the
+# integration, image and chaos tests on a local control plane with kwok
+# nodes (built from Go modules on first use). Integration tests never skip:
 # if the control plane cannot be had, this fails saying why. The last line is
 # always `tests: N passed, M failed`, also when a step fails early.
 set -euo pipefail
@@ -39,18 +40,21 @@ run_tests() { # cargo test args...; keeps the summary lines for the total
   return "$rc"
 }
 
-step="1/5 build"; log "$step"
+step="1/6 build"; log "$step"
 cargo build --locked --all-targets
-step="2/5 formatting, lints, generated CRD matches the Foo type"; log "$step"
+step="2/6 formatting, lints, generated CRD matches the Foo type"; log "$step"
 cargo fmt --check
 cargo clippy --locked --all-targets --quiet -- -D warnings
 hack/verify-crds.sh
-step="3/5 Dockerfile lint"; log "$step"
+step="3/6 Dockerfile lint"; log "$step"
 hack/lint-dockerfile.sh
-step="4/5 unit and mocked-API tests"; log "$step"
+step="4/6 unit and mocked-API tests"; log "$step"
 run_tests --lib --bins --test reconcile_mock
 
-step="5/5 integration and chaos tests on a local control plane"; log "$step"
+step="5/6 the image, built from Dockerfile"; log "$step"
+image="$(hack/build-image.sh)"
+
+step="6/6 integration, image and chaos tests on a local control plane"; log "$step"
 # The chaos tests restart this plane's components through LOCAL_UP_DIR.
 export LOCAL_UP_DIR="$REPO_ROOT/.local/test-control-plane"
 plane_up=true
@@ -58,5 +62,5 @@ up="$(hack/local-up.sh)" || die "the local control plane could not be started (s
 eval "$up"
 kubectl apply -f crds/ >&2
 kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >&2
-SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" run_tests --test 'e2e_*' -- --show-output
+SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_IMAGE="$image" run_tests --test 'e2e_*' -- --show-output
 step="done"

@@ -18,8 +18,8 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config, ResourceExt};
 use sample_controller::Foo;
-use sample_controller::constants::CONTROLLER_NAME;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
+use sample_controller::constants::CONTROLLER_NAME;
 use sample_controller::controller::{self, Caches, Context, Settings};
 use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
 use sample_controller::metrics::Metrics;
@@ -237,19 +237,23 @@ impl Drop for Operator {
 pub const LEASE: Duration = Duration::from_secs(5);
 
 pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
-    let log_path = format!("{}/{log_name}.log", env!("CARGO_TARGET_TMPDIR"));
-    let log = std::fs::File::create(&log_path).unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sample-controller"));
     // Port 0: the operator binds free ports itself and logs which.
-    let child = Command::new(env!("CARGO_BIN_EXE_sample-controller"))
-        .args(["--kubeconfig", kubeconfig, "--namespace", ns])
+    cmd.args(["--kubeconfig", kubeconfig, "--namespace", ns])
         .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "info,sample_controller=debug")
-        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG")
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start sample-controller");
+        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
+    start_logged(cmd, log_name).await
+}
+
+/// Start an operator (the binary, or the image under runc) with its log in
+/// a file under the test's target directory, and wait until it has logged
+/// the ports it bound.
+pub async fn start_logged(mut cmd: Command, log_name: &str) -> Operator {
+    let log_path = format!("{}/{log_name}.log", env!("CARGO_TARGET_TMPDIR"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let child = cmd.stdout(Stdio::null()).stderr(log).spawn().expect("start the operator");
     let (metrics, probes) = wait_until("the operator to report its ports", TIMEOUT, || async {
         let log = std::fs::read_to_string(&log_path).ok()?;
         Some((bound_port(&log, METRICS_ENDPOINTS)?, bound_port(&log, PROBE_ENDPOINTS)?))
@@ -258,11 +262,17 @@ pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name
     Operator { child, metrics, probes }
 }
 
-/// The port of the listener serving `endpoints`, from its start-up log line
-/// (`serving HTTP addr=127.0.0.1:PORT endpoints=...`).
+/// The port of the listener serving `endpoints`, from its start-up log line,
+/// as text (`serving HTTP addr=127.0.0.1:PORT endpoints=...`) or JSON
+/// (`{"message":"serving HTTP","addr":"...","endpoints":"..."}`).
 fn bound_port(log: &str, endpoints: &str) -> Option<u16> {
-    let line = log.lines().find(|l| l.contains("serving HTTP") && l.ends_with(&format!("endpoints={endpoints}")))?;
-    line.split_whitespace().find_map(|w| w.strip_prefix("addr="))?.rsplit(':').next()?.parse().ok()
+    let addr = log.lines().find_map(|line| match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(json) => (json["message"] == "serving HTTP" && json["endpoints"] == endpoints)
+            .then(|| json["addr"].as_str().map(str::to_owned))?,
+        Err(_) => (line.contains("serving HTTP") && line.ends_with(&format!("endpoints={endpoints}")))
+            .then(|| line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).map(str::to_owned))?,
+    })?;
+    addr.rsplit(':').next()?.parse().ok()
 }
 
 /// Leader-election flags for a candidate in `ns`: the renew deadline is 3/5
