@@ -5,8 +5,9 @@
 //! Two things are added to the plain reflector:
 //! - objects are **trimmed** before they are stored ([`trim_deployment`],
 //!   [`trim_foo`]): a sync needs a handful of fields, and at ten thousand Foos
-//!   the rest (managedFields, pod templates, annotations) is most of the
-//!   memory;
+//!   the rest (managedFields, annotations) is most of the memory. Deployments
+//!   are decoded as a [`DeploymentView`], so their pod templates are never
+//!   even built;
 //! - **our own writes are seen at once** ([`Cache::wrote`]). A watch delivers
 //!   our write a few milliseconds after the API server acknowledged it; a sync
 //!   that runs in between would otherwise see the old object and repeat the
@@ -15,18 +16,18 @@
 //!   watch has caught up with it. Nothing is written on the strength of it
 //!   alone: every write stays a create or conditional on a resourceVersion.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
-use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, reflector::reflector};
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 
+use crate::deployment::DeploymentView;
 use crate::foo::Foo;
 
 /// A reflector store of `K`, plus our own writes it has not seen yet.
@@ -35,6 +36,7 @@ pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     /// What is dropped from every object before it is kept.
     trim: fn(&mut K),
     written: Mutex<Written<K>>,
+    controlled: Mutex<ByController<K>>,
     synced: watch::Sender<bool>,
 }
 
@@ -46,7 +48,13 @@ where
     /// [`Cache::reflect`] fills it with.
     pub fn new(trim: fn(&mut K)) -> (Arc<Self>, Writer<K>) {
         let (store, writer) = reflector::store();
-        let cache = Cache { store, trim, written: Mutex::default(), synced: watch::Sender::new(false) };
+        let cache = Cache {
+            store,
+            trim,
+            written: Mutex::default(),
+            controlled: Mutex::default(),
+            synced: watch::Sender::new(false),
+        };
         (Arc::new(cache), writer)
     }
 
@@ -92,6 +100,14 @@ where
             .collect()
     }
 
+    /// Cached objects whose controller (the ownerReference with `controller:
+    /// true`) has `uid`, as [`Cache::get`] sees them: found through an index,
+    /// so a sync costs the same with ten or ten thousand objects cached.
+    pub fn controlled_by(&self, uid: &str) -> Vec<Arc<K>> {
+        let keys = lock(&self.controlled).keys(uid);
+        keys.iter().filter_map(|key| self.get(key)).filter(|obj| controller_uid(&**obj) == Some(uid)).collect()
+    }
+
     /// Record what the API server returned to our write (`None`: we deleted
     /// the object `before`). `before` is the version the write was based on
     /// (`None` for a create).
@@ -117,10 +133,18 @@ where
 
     fn observe(&self, event: &watcher::Event<K>) {
         match event {
-            watcher::Event::Apply(obj) | watcher::Event::Delete(obj) | watcher::Event::InitApply(obj) => {
-                self.written().observe(obj)
+            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+                self.written().observe(obj);
+                lock(&self.controlled).apply(obj);
+            }
+            watcher::Event::Delete(obj) => {
+                self.written().observe(obj);
+                lock(&self.controlled).remove(&ObjectRef::from_obj(obj));
             }
             watcher::Event::InitDone => {
+                // A relist replaced the store: objects deleted while the
+                // watch was down must leave the index too.
+                *lock(&self.controlled) = ByController::of(self.store.state());
                 self.synced.send_replace(true);
             }
             watcher::Event::Init => {}
@@ -128,8 +152,62 @@ where
     }
 
     fn written(&self) -> std::sync::MutexGuard<'_, Written<K>> {
-        // A panic elsewhere cannot leave the map half-written: keep using it.
-        self.written.lock().unwrap_or_else(|e| e.into_inner())
+        lock(&self.written)
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic elsewhere cannot leave these maps half-written: keep using them.
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The uid of `obj`'s controller, if it has one.
+fn controller_uid<K: Resource>(obj: &K) -> Option<&str> {
+    obj.meta().owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
+}
+
+/// Cached objects by the uid of their controller.
+struct ByController<K: Resource<DynamicType = ()>> {
+    keys: HashMap<String, HashSet<ObjectRef<K>>>,
+    controller: HashMap<ObjectRef<K>, String>,
+}
+
+impl<K: Resource<DynamicType = ()>> Default for ByController<K> {
+    fn default() -> Self {
+        ByController { keys: HashMap::new(), controller: HashMap::new() }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> ByController<K> {
+    fn of(objects: Vec<Arc<K>>) -> Self {
+        let mut index = Self::default();
+        objects.iter().for_each(|obj| index.apply(obj));
+        index
+    }
+
+    fn apply(&mut self, obj: &K) {
+        // Name and namespace only (keys compare on those): no copies of the
+        // uid and resourceVersion per entry.
+        let key = ObjectRef::new(&obj.name_any()).within(obj.namespace().as_deref().unwrap_or_default());
+        self.remove(&key);
+        if let Some(uid) = controller_uid(obj) {
+            self.keys.entry(uid.to_owned()).or_default().insert(key.clone());
+            self.controller.insert(key, uid.to_owned());
+        }
+    }
+
+    fn remove(&mut self, key: &ObjectRef<K>) {
+        let Some(uid) = self.controller.remove(key) else { return };
+        if let Some(keys) = self.keys.get_mut(&uid) {
+            keys.remove(key);
+            if keys.is_empty() {
+                self.keys.remove(&uid);
+            }
+        }
+    }
+
+    fn keys(&self, uid: &str) -> Vec<ObjectRef<K>> {
+        self.keys.get(uid).map(|keys| keys.iter().cloned().collect()).unwrap_or_default()
     }
 }
 
@@ -217,15 +295,11 @@ where
     })
 }
 
-/// Keep what a sync reads of a Deployment: identity, owner, deletion,
-/// `spec.replicas` and `status.availableReplicas`.
-pub fn trim_deployment(d: &mut Deployment) {
+/// Keep what a sync reads of a Deployment: identity, owner, deletion (the
+/// view itself holds only `spec.replicas` and `status.availableReplicas`).
+pub fn trim_deployment(d: &mut DeploymentView) {
     trim_metadata(d);
     d.metadata.labels = None;
-    let replicas = d.spec.as_ref().and_then(|s| s.replicas);
-    d.spec = Some(DeploymentSpec { replicas, ..DeploymentSpec::default() });
-    let available = d.status.as_ref().and_then(|s| s.available_replicas);
-    d.status = Some(DeploymentStatus { available_replicas: available, ..DeploymentStatus::default() });
 }
 
 /// Keep a Foo's spec, status and identity.
@@ -246,6 +320,7 @@ mod tests {
     use super::*;
     use crate::testing::{DeploymentFixture, FooFixture};
     use futures::StreamExt;
+    use k8s_openapi::api::apps::v1::Deployment;
 
     fn key(d: &Deployment) -> ObjectRef<Deployment> {
         ObjectRef::from_obj(d)
@@ -329,18 +404,52 @@ mod tests {
         assert_eq!(cache.latest(Arc::new(before)).resource_version().as_deref(), Some("101"));
     }
 
+    #[tokio::test]
+    async fn controlled_by_follows_applies_deletes_and_relists() {
+        use watcher::Event::*;
+        let (a, b) = (Foo::test("a").deployment("a1"), Foo::test("b").deployment("b1"));
+        let a1 = DeploymentView::owned_by(&a);
+        let a2 = DeploymentView::owned_by(&a.clone().deployment("a2"));
+        let b1 = DeploymentView::owned_by(&b);
+        let (cache, writer) = Cache::new(trim_deployment);
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let drained = tokio::spawn(cache.reflect(writer, stream).for_each(|_| async {}));
+        let send = |e| events.unbounded_send(Ok(e)).unwrap();
+        let names = |uid: &str| {
+            let mut names: Vec<_> = cache.controlled_by(uid).iter().map(|d| d.name_any()).collect();
+            names.sort();
+            names
+        };
+        let foreign = DeploymentView::foreign("x");
+        for e in [Init, InitApply(a1.clone()), InitApply(a2.clone()), InitApply(b1), InitApply(foreign), InitDone] {
+            send(e);
+        }
+        cache.synced().await;
+        assert_eq!((names("uid-a"), names("uid-b")), (vec!["a1".to_owned(), "a2".into()], vec!["b1".to_owned()]));
+        assert_eq!(names("uid-other"), vec!["x".to_owned()], "any controller, not only Foos");
+        send(Delete(a2));
+        // A relist that no longer holds b1 (deleted while the watch was down).
+        for e in [Init, InitApply(a1), InitDone] {
+            send(e);
+        }
+        drop(events);
+        drained.await.unwrap();
+        assert_eq!((names("uid-a"), names("uid-b")), (vec!["a1".to_owned()], vec![]));
+    }
+
     #[test]
-    fn trimmed_deployment_keeps_what_a_sync_reads() {
+    fn trimmed_deployment_view_keeps_what_a_sync_reads() {
         let f = Foo::test("f").deployment("d").replicas(2);
-        let mut d = Deployment::owned_by(&f).replicas(2).available(1);
-        d.metadata.annotations =
+        let mut full = Deployment::owned_by(&f).replicas(2).available(1);
+        full.metadata.annotations =
             Some([("kubectl.kubernetes.io/last-applied-configuration".into(), "{}".into())].into());
+        // Decoded from the API server's JSON, as the watch does.
+        let mut d: DeploymentView = serde_json::from_value(serde_json::to_value(&full).unwrap()).unwrap();
         trim_deployment(&mut d);
         assert!(crate::deployment::is_controlled_by(&d, &f));
-        assert_eq!(crate::deployment::spec_replicas(&d), 2);
-        assert_eq!(crate::deployment::available_replicas(&d), 1);
+        assert_eq!((d.spec_replicas(), d.available_replicas()), (2, 1));
         assert_eq!(d.resource_version().as_deref(), Some("200"));
         assert!(d.metadata.annotations.is_none() && d.metadata.labels.is_none());
-        assert!(d.spec.unwrap().template.spec.is_none(), "the pod template is dropped");
+        assert!(!serde_json::to_string(&d).unwrap().contains("template"), "the pod template is not kept");
     }
 }

@@ -24,7 +24,7 @@ use tracing::{debug, error, info, warn};
 use crate::cache::{Cache, relisting_watcher, trim_deployment, trim_foo};
 use crate::constants::*;
 use crate::decision::{DeploymentAction, Outcome, Plan, decide};
-use crate::deployment::{is_controlled_by, managed_selector};
+use crate::deployment::{DeploymentView, managed_selector};
 use crate::events::Publisher;
 use crate::foo::Foo;
 use crate::metrics::Metrics;
@@ -41,7 +41,7 @@ pub const BACKOFF_MAX: Duration = Duration::from_secs(1000);
 pub struct Caches {
     pub foos: Arc<Cache<Foo>>,
     /// Only the Deployments labelled as made by this controller.
-    pub deployments: Arc<Cache<Deployment>>,
+    pub deployments: Arc<Cache<DeploymentView>>,
 }
 
 impl Caches {
@@ -161,7 +161,7 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<Workqueue>) -> (Co
         relisting_watcher(api::<Foo>(client, settings.namespace.as_deref()), foo_watch).backoff(watch_backoff());
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
     let deployment_events =
-        relisting_watcher(api::<Deployment>(client, settings.namespace.as_deref()), deployment_watch)
+        relisting_watcher(api::<DeploymentView>(client, settings.namespace.as_deref()), deployment_watch)
             .backoff(watch_backoff())
             .inspect(move |event| {
                 if let Ok(watcher::Event::Delete(d)) = event {
@@ -193,7 +193,7 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<Workqueue>) -> (Co
 }
 
 /// The Foos controlling `d` (as kube-runtime maps owned objects to owners).
-fn owners(d: &Deployment) -> impl Iterator<Item = ObjectRef<Foo>> + '_ {
+fn owners(d: &DeploymentView) -> impl Iterator<Item = ObjectRef<Foo>> + '_ {
     d.owner_references()
         .iter()
         .filter(|o| o.controller == Some(true) && o.kind == "Foo")
@@ -210,7 +210,7 @@ fn queue_key<K: Resource>(obj: &ObjectRef<K>) -> String {
 /// when its error backoff (up to 1000 s) runs out.
 fn waiting_for(
     foos: Arc<Cache<Foo>>,
-    freed: impl futures::Stream<Item = ObjectRef<Deployment>> + Send + 'static,
+    freed: impl futures::Stream<Item = ObjectRef<DeploymentView>> + Send + 'static,
 ) -> impl futures::Stream<Item = ObjectRef<Foo>> + Send + 'static {
     freed.flat_map(move |d| {
         let naming = foos.filter(|f| f.namespace() == d.namespace && f.spec.deployment_name == d.name);
@@ -319,10 +319,7 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     let current = (!name.is_empty())
         .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
         .flatten();
-    let owned = ctx
-        .caches
-        .deployments
-        .filter(|d| d.namespace().as_deref() == Some(&target.namespace) && is_controlled_by(d, &foo));
+    let owned = foo.uid().map(|uid| ctx.caches.deployments.controlled_by(&uid)).unwrap_or_default();
     let now = Time(Timestamp::now());
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.namespace);
 
@@ -331,7 +328,8 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     if write_deployment(&target, &deployments, &plan.deployment, current.as_deref(), ctx).await? == Written::NameTaken {
         // Not in our cache, yet there: someone else's (without our label),
         // or ours before the watch reported it. Read it once, decide again.
-        let existing = deployments.get_opt(name).await.map_err(target.api_error("get Deployment"))?;
+        let existing =
+            deployments.get_opt(name).await.map_err(target.api_error("get Deployment"))?.map(DeploymentView::from);
         plan = decide(&foo, existing.as_ref(), &owned, &now);
         log_plan(&target, &plan);
         if write_deployment(&target, &deployments, &plan.deployment, existing.as_ref(), ctx).await? != Written::Done {
@@ -380,7 +378,7 @@ async fn write_deployment(
     target: &Target,
     api: &Api<Deployment>,
     action: &DeploymentAction,
-    current: Option<&Deployment>,
+    current: Option<&DeploymentView>,
     ctx: &Context,
 ) -> Result<Written> {
     let written = match action {
@@ -409,7 +407,7 @@ async fn write_deployment(
                 .map_err(target.api_error("scale Deployment"))?
         }
     };
-    ctx.caches.deployments.wrote(current, Some(written));
+    ctx.caches.deployments.wrote(current, Some(written.into()));
     Ok(Written::Done)
 }
 
@@ -418,7 +416,7 @@ async fn delete_stale(
     target: &Target,
     api: &Api<Deployment>,
     plan: &Plan,
-    owned: &[Arc<Deployment>],
+    owned: &[Arc<DeploymentView>],
     ctx: &Context,
 ) -> Result<()> {
     for stale in &plan.delete {

@@ -12,7 +12,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{Resource, ResourceExt};
 
 use crate::constants::*;
-use crate::deployment::{available_replicas, desired_deployment, is_controlled_by, spec_replicas};
+use crate::deployment::{DeploymentView, desired_deployment, is_controlled_by};
 use crate::foo::{Foo, FooStatus};
 
 /// The one write the sync makes to the Deployment named by the Foo.
@@ -85,7 +85,7 @@ impl Plan {
 /// - `owned`: cached Deployments of the Foo's namespace; those the Foo
 ///   controls under another name are deleted once the current one is ours.
 /// - `now`: the time stamped on a condition that changes status.
-pub fn decide(foo: &Foo, current: Option<&Deployment>, owned: &[Arc<Deployment>], now: &Time) -> Plan {
+pub fn decide(foo: &Foo, current: Option<&DeploymentView>, owned: &[Arc<DeploymentView>], now: &Time) -> Plan {
     let name = &foo.spec.deployment_name;
     let Some(desired) = desired_deployment(foo) else {
         // Only an older CRD without validation admits this. Upstream logs
@@ -106,8 +106,8 @@ pub fn decide(foo: &Foo, current: Option<&Deployment>, owned: &[Arc<Deployment>]
             return refusal(foo, REASON_RESOURCE_EXISTS, message_resource_exists(name), outcome, now);
         }
         Some(d) => {
-            let want = foo.spec.replicas.unwrap_or_else(|| spec_replicas(d));
-            let available = available_replicas(d);
+            let want = foo.spec.replicas.unwrap_or_else(|| d.spec_replicas());
+            let available = d.available_replicas();
             (scale(foo, d), available, availability(name, available, want))
         }
     };
@@ -139,9 +139,9 @@ fn refusal(foo: &Foo, reason: &'static str, message: String, outcome: Outcome, n
 }
 
 /// Set the replicas of our Deployment `d` when the Foo asks for others.
-fn scale(foo: &Foo, d: &Deployment) -> DeploymentAction {
+fn scale(foo: &Foo, d: &DeploymentView) -> DeploymentAction {
     match foo.spec.replicas {
-        Some(want) if want != spec_replicas(d) => DeploymentAction::Scale {
+        Some(want) if want != d.spec_replicas() => DeploymentAction::Scale {
             name: foo.spec.deployment_name.clone(),
             resource_version: d.resource_version(),
             replicas: want,
@@ -151,13 +151,13 @@ fn scale(foo: &Foo, d: &Deployment) -> DeploymentAction {
 }
 
 /// The Deployments this Foo controls under a name it no longer asks for.
-fn stale_deployments(foo: &Foo, owned: &[Arc<Deployment>]) -> Vec<StaleDeployment> {
+fn stale_deployments(foo: &Foo, owned: &[Arc<DeploymentView>]) -> Vec<StaleDeployment> {
     owned
         .iter()
         .filter(|d| {
             d.name_any() != foo.spec.deployment_name
                 && d.meta().deletion_timestamp.is_none()
-                && is_controlled_by(d, foo)
+                && is_controlled_by(&***d, foo)
         })
         .map(|d| StaleDeployment { name: d.name_any(), uid: d.uid() })
         .collect()
@@ -254,7 +254,7 @@ mod tests {
         let foo = Foo::test("example-foo").replicas(2);
         let created = decide(&foo, None, &[], &now());
         let foo = with_status(foo, &created);
-        let d = Deployment::owned_by(&foo).replicas(2).available(0);
+        let d = DeploymentView::owned_by(&foo).replicas(2).available(0);
         let next = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
         assert!(!next.writes(), "{next:?}");
         assert!(next.events.is_empty());
@@ -263,7 +263,7 @@ mod tests {
     #[test]
     fn does_nothing_when_in_sync() {
         let foo = Foo::test("example-foo").replicas(2);
-        let d = Deployment::owned_by(&foo).replicas(2).available(2);
+        let d = DeploymentView::owned_by(&foo).replicas(2).available(2);
         // First sync records the status...
         let first = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
         assert_eq!(first.deployment, DeploymentAction::None);
@@ -281,7 +281,7 @@ mod tests {
     #[test]
     fn updates_deployment_replicas_when_they_differ() {
         let foo = Foo::test("example-foo").replicas(3);
-        let d = Deployment::owned_by(&foo).replicas(1).available(1);
+        let d = DeploymentView::owned_by(&foo).replicas(1).available(1);
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(
             plan.deployment,
@@ -296,7 +296,7 @@ mod tests {
     #[test]
     fn unset_replicas_leave_the_deployment_replicas_alone() {
         let foo = Foo::test("example-foo").unset_replicas();
-        let d = Deployment::owned_by(&foo).replicas(4).available(4);
+        let d = DeploymentView::owned_by(&foo).replicas(4).available(4);
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(plan.deployment, DeploymentAction::None);
         assert_eq!(plan.status.unwrap().conditions[0].status, "True");
@@ -305,7 +305,7 @@ mod tests {
     #[test]
     fn not_controlled_by_us_is_refused_without_touching_it() {
         let foo = Foo::test("example-foo").replicas(3);
-        let d = Deployment::foreign("example-foo").replicas(1);
+        let d = DeploymentView::foreign("example-foo").replicas(1);
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(plan.deployment, DeploymentAction::None);
         assert!(plan.delete.is_empty());
@@ -321,7 +321,7 @@ mod tests {
     #[test]
     fn a_deployment_of_a_previous_foo_with_the_same_name_is_not_ours() {
         let old = Foo::test("example-foo").replicas(1);
-        let d = Deployment::owned_by(&old).replicas(1).available(1);
+        let d = DeploymentView::owned_by(&old).replicas(1).available(1);
         let mut new = old.clone();
         new.metadata.uid = Some("uid-recreated".into());
         let plan = decide(&new, Some(&d), &[Arc::new(d.clone())], &now());
@@ -332,10 +332,10 @@ mod tests {
     #[test]
     fn status_follows_the_deployment_available_replicas() {
         let foo = Foo::test("example-foo").replicas(2);
-        let d = Deployment::owned_by(&foo).replicas(2).available(0);
+        let d = DeploymentView::owned_by(&foo).replicas(2).available(0);
         let first = decide(&foo, Some(&d), &[], &now());
         let foo = with_status(foo, &first);
-        let ready = Deployment::owned_by(&foo).replicas(2).available(2);
+        let ready = DeploymentView::owned_by(&foo).replicas(2).available(2);
         let plan = decide(&foo, Some(&ready), &[], &now());
         assert_eq!(plan.deployment, DeploymentAction::None);
         let status = plan.status.as_ref().unwrap();
@@ -348,7 +348,7 @@ mod tests {
     #[test]
     fn a_new_generation_is_recorded_in_status() {
         let foo = Foo::test("example-foo").replicas(2);
-        let d = Deployment::owned_by(&foo).replicas(2).available(2);
+        let d = DeploymentView::owned_by(&foo).replicas(2).available(2);
         let mut foo = with_status(foo.clone(), &decide(&foo, Some(&d), &[], &now()));
         foo.metadata.generation = Some(2);
         let plan = decide(&foo, Some(&d), &[], &now());
@@ -365,21 +365,21 @@ mod tests {
         let t2 = Time(Timestamp::from_second(1_800_000_200).unwrap());
         let foo = with_status(
             foo.clone(),
-            &decide(&foo, Some(&Deployment::owned_by(&foo).replicas(2).available(0)), &[], &t0),
+            &decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(0)), &[], &t0),
         );
         // 0 -> 1 available: still False, time kept.
-        let plan = decide(&foo, Some(&Deployment::owned_by(&foo).replicas(2).available(1)), &[], &t1);
+        let plan = decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(1)), &[], &t1);
         let foo = with_status(foo, &plan);
         assert_eq!(foo.status.as_ref().unwrap().conditions[0].last_transition_time, t0);
         // 1 -> 2 available: flips to True, time moves.
-        let plan = decide(&foo, Some(&Deployment::owned_by(&foo).replicas(2).available(2)), &[], &t2);
+        let plan = decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(2)), &[], &t2);
         assert_eq!(plan.status.unwrap().conditions[0].last_transition_time, t2);
     }
 
     #[test]
     fn other_conditions_are_kept_in_place() {
         let mut foo = Foo::test("example-foo").replicas(1);
-        let d = Deployment::owned_by(&foo).replicas(1).available(1);
+        let d = DeploymentView::owned_by(&foo).replicas(1).available(1);
         let mut other = ready(true, "X", "set by another tool");
         other.type_ = "Audited".into();
         foo.status = Some(FooStatus { conditions: vec![other.clone()], ..Default::default() });
@@ -392,7 +392,7 @@ mod tests {
     #[test]
     fn old_deployment_is_deleted_after_deployment_name_changes() {
         let before = Foo::test("example-foo").deployment("old-name").replicas(1);
-        let old = Deployment::owned_by(&before).replicas(1).available(1);
+        let old = DeploymentView::owned_by(&before).replicas(1).available(1);
         let mut after = before.clone();
         after.spec.deployment_name = "new-name".into();
         after.metadata.generation = Some(2);
@@ -406,10 +406,10 @@ mod tests {
     #[test]
     fn old_deployment_is_kept_while_the_new_name_is_taken_by_someone_else() {
         let before = Foo::test("example-foo").deployment("old-name").replicas(1);
-        let old = Deployment::owned_by(&before).replicas(1).available(1);
+        let old = DeploymentView::owned_by(&before).replicas(1).available(1);
         let mut after = before.clone();
         after.spec.deployment_name = "taken".into();
-        let plan = decide(&after, Some(&Deployment::foreign("taken").replicas(1)), &[Arc::new(old)], &now());
+        let plan = decide(&after, Some(&DeploymentView::foreign("taken").replicas(1)), &[Arc::new(old)], &now());
         assert!(plan.delete.is_empty(), "keep serving until the new Deployment is ours");
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "taken".into() });
     }
@@ -417,13 +417,14 @@ mod tests {
     #[test]
     fn labelled_deployments_we_do_not_control_are_never_deleted() {
         let foo_ = Foo::test("example-foo").replicas(1);
-        let current = Deployment::owned_by(&foo_).replicas(1).available(1);
+        let current = DeploymentView::owned_by(&foo_).replicas(1).available(1);
         // Same labels, another controller: e.g. copied by hand.
         let mut lookalike =
-            Deployment::owned_by(&Foo::test("example-foo").deployment("copy").replicas(1)).replicas(1).available(1);
+            DeploymentView::owned_by(&Foo::test("example-foo").deployment("copy").replicas(1)).replicas(1).available(1);
         lookalike.metadata.owner_references.as_mut().unwrap()[0].uid = "uid-someone-else".into();
-        let mut terminating =
-            Deployment::owned_by(&Foo::test("example-foo").deployment("going").replicas(1)).replicas(1).available(1);
+        let mut terminating = DeploymentView::owned_by(&Foo::test("example-foo").deployment("going").replicas(1))
+            .replicas(1)
+            .available(1);
         terminating.metadata.deletion_timestamp = Some(now());
         let plan = decide(&foo_, Some(&current), &[current.clone(), lookalike, terminating].map(Arc::new), &now());
         assert!(plan.delete.is_empty(), "{:?}", plan.delete);
@@ -453,8 +454,8 @@ mod tests {
 #[cfg(test)]
 mod properties {
     use super::*;
+    use crate::deployment::{ViewSpec, ViewStatus};
     use crate::testing::FooFixture;
-    use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use k8s_openapi::jiff::Timestamp;
     use proptest::prelude::*;
@@ -489,7 +490,14 @@ mod properties {
             })
     }
 
-    fn deployment(foo: &Foo, name: &str, owner: Owner, replicas: i32, available: i32, terminating: bool) -> Deployment {
+    fn deployment(
+        foo: &Foo,
+        name: &str,
+        owner: Owner,
+        replicas: i32,
+        available: i32,
+        terminating: bool,
+    ) -> DeploymentView {
         let reference = |uid: &str, controller| OwnerReference {
             api_version: "samplecontroller.k8s.io/v1alpha1".into(),
             kind: "Foo".into(),
@@ -505,7 +513,7 @@ mod properties {
             Owner::Predecessor => Some(vec![reference("uid-predecessor", true)]),
             Owner::ThisFooNotController => Some(vec![reference(&this, false)]),
         };
-        Deployment {
+        DeploymentView {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("default".into()),
@@ -515,14 +523,14 @@ mod properties {
                 deletion_timestamp: terminating.then_some(Time(Timestamp::UNIX_EPOCH)),
                 ..ObjectMeta::default()
             },
-            spec: Some(DeploymentSpec { replicas: Some(replicas), ..DeploymentSpec::default() }),
-            status: Some(DeploymentStatus { available_replicas: Some(available), ..DeploymentStatus::default() }),
+            spec: Some(ViewSpec { replicas: Some(replicas) }),
+            status: Some(ViewStatus { available_replicas: Some(available) }),
         }
     }
 
     /// A Foo, the Deployment of its `spec.deploymentName` (maybe none), and
     /// other Deployments of its namespace.
-    fn world() -> impl Strategy<Value = (Foo, Option<Deployment>, Vec<Deployment>)> {
+    fn world() -> impl Strategy<Value = (Foo, Option<DeploymentView>, Vec<DeploymentView>)> {
         let observed = (owner(), 0..12i32, 0..12i32);
         let others = proptest::collection::vec(("[a-c]{1,2}", owner(), 0..12i32, any::<bool>()), 0..4);
         (arb_foo(), proptest::option::of(observed), others).prop_map(|(foo, observed, others)| {
@@ -543,22 +551,22 @@ mod properties {
     /// The cluster after `plan` was carried out: the API server's view.
     fn carry_out(
         foo: &Foo,
-        current: Option<&Deployment>,
-        owned: &[Arc<Deployment>],
+        current: Option<&DeploymentView>,
+        owned: &[Arc<DeploymentView>],
         plan: &Plan,
-    ) -> (Foo, Option<Deployment>, Vec<Arc<Deployment>>) {
+    ) -> (Foo, Option<DeploymentView>, Vec<Arc<DeploymentView>>) {
         let mut foo = foo.clone();
         if plan.status.is_some() {
             foo.status = plan.status.clone();
         }
         let current = match &plan.deployment {
             DeploymentAction::Create(d) => {
-                let mut created = (**d).clone();
+                let mut created = DeploymentView::from((**d).clone());
                 created.metadata.uid = Some("uid-created".into());
                 created.metadata.resource_version = Some("8".into());
                 let spec = created.spec.get_or_insert_with(Default::default);
                 spec.replicas = spec.replicas.or(Some(1)); // the API server's default
-                created.status = Some(DeploymentStatus::default());
+                created.status = Some(ViewStatus::default());
                 Some(created)
             }
             DeploymentAction::Scale { replicas, .. } => current.cloned().map(|mut d| {
@@ -578,7 +586,7 @@ mod properties {
     proptest! {
         #[test]
         fn writes_only_what_the_foo_controls_and_a_second_decision_plans_nothing((foo, current, others) in world()) {
-            let owned: Vec<Arc<Deployment>> = others.into_iter().map(Arc::new).collect();
+            let owned: Vec<Arc<DeploymentView>> = others.into_iter().map(Arc::new).collect();
             let plan = decide(&foo, current.as_ref(), &owned, &now());
 
             match &plan.deployment {
@@ -588,7 +596,7 @@ mod properties {
             }
             for stale in &plan.delete {
                 let d = owned.iter().find(|d| d.name_any() == stale.name);
-                prop_assert!(d.is_some_and(|d| is_controlled_by(d, &foo) && d.uid() == stale.uid), "{stale:?}");
+                prop_assert!(d.is_some_and(|d| is_controlled_by(&**d, &foo) && d.uid() == stale.uid), "{stale:?}");
             }
             if current.as_ref().is_some_and(|d| !is_controlled_by(d, &foo)) {
                 prop_assert!(plan.delete.is_empty(), "nothing is deleted while the name is someone else's");

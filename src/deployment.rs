@@ -1,13 +1,16 @@
-//! The Deployment a Foo asks for — upstream's `newDeployment(foo)` — and the
-//! ownership test that decides whether the controller may touch one. Pure
-//! functions over plain values; the API calls live in `controller.rs`.
+//! The Deployment a Foo asks for — upstream's `newDeployment(foo)` —, what
+//! the controller keeps of the Deployments it sees ([`DeploymentView`]), and
+//! the ownership test that decides whether it may touch one. Pure functions
+//! over plain values; the API calls live in `controller.rs`.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::{Metadata, NamespaceResourceScope};
 use kube::{Resource, ResourceExt};
+use serde::{Deserialize, Serialize};
 
 use crate::constants::*;
 use crate::foo::Foo;
@@ -49,7 +52,7 @@ pub fn owner_reference(foo: &Foo) -> Option<OwnerReference> {
 /// uid. Names are not enough: a Foo deleted and re-created under the same
 /// name is a different owner, and its predecessor's Deployment is not its to
 /// modify.
-pub fn is_controlled_by(deployment: &Deployment, foo: &Foo) -> bool {
+pub fn is_controlled_by<K: Resource>(deployment: &K, foo: &Foo) -> bool {
     let Some(uid) = foo.meta().uid.as_deref() else {
         return false;
     };
@@ -95,15 +98,78 @@ pub fn desired_deployment(foo: &Foo) -> Option<Deployment> {
     })
 }
 
-/// Replicas the Deployment asks for. The API server defaults an unset value
-/// to 1, so unset reads as 1 — as upstream reads `*deployment.Spec.Replicas`.
-pub fn spec_replicas(deployment: &Deployment) -> i32 {
-    deployment.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+/// What a sync reads of a Deployment: its metadata (identity, owners,
+/// resourceVersion), the replicas it asks for and those available. The
+/// Deployment watch decodes straight into this type — an `apps/v1`
+/// Deployment to the API server — so the pod template, most of a
+/// Deployment (k8s-openapi's `Deployment` is 2.4 KB before any of its
+/// strings), is skipped while parsing and never kept.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeploymentView {
+    pub metadata: ObjectMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spec: Option<ViewSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<ViewStatus>,
 }
 
-/// `status.availableReplicas` of the Deployment, 0 when not reported yet.
-pub fn available_replicas(deployment: &Deployment) -> i32 {
-    deployment.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0)
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ViewSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ViewStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub available_replicas: Option<i32>,
+}
+
+impl k8s_openapi::Resource for DeploymentView {
+    const API_VERSION: &'static str = <Deployment as k8s_openapi::Resource>::API_VERSION;
+    const GROUP: &'static str = <Deployment as k8s_openapi::Resource>::GROUP;
+    const KIND: &'static str = <Deployment as k8s_openapi::Resource>::KIND;
+    const VERSION: &'static str = <Deployment as k8s_openapi::Resource>::VERSION;
+    const URL_PATH_SEGMENT: &'static str = <Deployment as k8s_openapi::Resource>::URL_PATH_SEGMENT;
+    type Scope = NamespaceResourceScope;
+}
+
+impl Metadata for DeploymentView {
+    type Ty = ObjectMeta;
+
+    fn metadata(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn metadata_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// The view of a Deployment the API server returned to a write or a read.
+impl From<Deployment> for DeploymentView {
+    fn from(d: Deployment) -> Self {
+        DeploymentView {
+            metadata: d.metadata,
+            spec: d.spec.map(|s| ViewSpec { replicas: s.replicas }),
+            status: d.status.map(|s| ViewStatus { available_replicas: s.available_replicas }),
+        }
+    }
+}
+
+impl DeploymentView {
+    /// Replicas the Deployment asks for. The API server defaults an unset
+    /// value to 1, so unset reads as 1 — as upstream reads
+    /// `*deployment.Spec.Replicas`.
+    pub fn spec_replicas(&self) -> i32 {
+        self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+    }
+
+    /// `status.availableReplicas`, 0 when not reported yet.
+    pub fn available_replicas(&self) -> i32 {
+        self.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0)
+    }
 }
 
 #[cfg(test)]

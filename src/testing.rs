@@ -14,7 +14,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::deployment::desired_deployment;
+use crate::deployment::{DeploymentView, desired_deployment};
 use crate::foo::{Foo, FooSpec};
 
 /// Builders of Foos.
@@ -67,6 +67,27 @@ impl FooFixture for Foo {
     }
 }
 
+/// The setters of [`DeploymentFixture`]: a Deployment and its view have the
+/// same field paths.
+macro_rules! fixture_setters {
+    () => {
+        fn replicas(mut self, replicas: i32) -> Self {
+            self.spec.get_or_insert_with(Default::default).replicas = Some(replicas);
+            self
+        }
+
+        fn available(mut self, available: i32) -> Self {
+            self.status.get_or_insert_with(Default::default).available_replicas = Some(available);
+            self
+        }
+
+        fn at_version(mut self, rv: &str) -> Self {
+            self.metadata.resource_version = Some(rv.into());
+            self
+        }
+    };
+}
+
 /// Builders of Deployments.
 pub trait DeploymentFixture: Sized {
     /// The Deployment the controller made for `foo`, as stored (uid
@@ -114,20 +135,20 @@ impl DeploymentFixture for Deployment {
         }
     }
 
-    fn replicas(mut self, replicas: i32) -> Self {
-        self.spec.get_or_insert_with(Default::default).replicas = Some(replicas);
-        self
+    fixture_setters!();
+}
+
+/// The same Deployments as the controller's cache keeps them.
+impl DeploymentFixture for DeploymentView {
+    fn owned_by(foo: &Foo) -> Self {
+        Deployment::owned_by(foo).into()
     }
 
-    fn available(mut self, available: i32) -> Self {
-        self.status.get_or_insert_with(Default::default).available_replicas = Some(available);
-        self
+    fn foreign(name: &str) -> Self {
+        Deployment::foreign(name).into()
     }
 
-    fn at_version(mut self, rv: &str) -> Self {
-        self.metadata.resource_version = Some(rv.into());
-        self
-    }
+    fixture_setters!();
 }
 
 /// The value of `series` (name and labels, exactly as exposed, e.g.

@@ -22,6 +22,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::decision::{DeploymentAction, decide};
+use sample_controller::deployment::DeploymentView;
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
@@ -129,7 +130,7 @@ async fn end_state(ns: &TestNamespace) -> Result<(), String> {
                 foo.spec.replicas
             ));
         }
-        let next = decide(foo, Some(d), &[], &Time(Timestamp::now()));
+        let next = decide(foo, Some(&DeploymentView::from((*d).clone())), &[], &Time(Timestamp::now()));
         if next.deployment != DeploymentAction::None || next.status.is_some() {
             return Err(format!("Foo {} not in sync: a sync would still {next:?}", foo.name_any()));
         }

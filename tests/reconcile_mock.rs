@@ -16,7 +16,7 @@ use kube::client::Body;
 use kube::runtime::controller::Action;
 use sample_controller::controller::{Context, error_policy, reconcile};
 use sample_controller::decision::decide;
-use sample_controller::deployment::desired_deployment;
+use sample_controller::deployment::{DeploymentView, desired_deployment};
 use sample_controller::metrics::Metrics;
 use sample_controller::testing::{DeploymentFixture, FooFixture};
 use sample_controller::{Error, Foo};
@@ -147,7 +147,7 @@ fn example_foo(replicas: i32) -> Foo {
 
 /// `foo` with the status an earlier sync wrote for `d`.
 fn synced_with(mut foo: Foo, d: &Deployment) -> Foo {
-    foo.status = decide(&foo, Some(d), &[], &Time(Timestamp::now())).status;
+    foo.status = decide(&foo, Some(&DeploymentView::from(d.clone())), &[], &Time(Timestamp::now())).status;
     foo
 }
 

@@ -21,6 +21,7 @@ use sample_controller::Foo;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
 use sample_controller::constants::CONTROLLER_NAME;
 use sample_controller::controller::{self, Caches, Context, Settings};
+use sample_controller::deployment::DeploymentView;
 use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
 use sample_controller::metrics::Metrics;
 use serde_json::json;
@@ -203,7 +204,8 @@ pub fn start_controller(client: Client, namespace: Option<&str>) -> RunningContr
 /// list would fill them; they change only when the test says so, so a test
 /// can make them lag behind the API server.
 pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches {
-    Caches { foos: filled(foos, trim_foo).await, deployments: filled(deployments, trim_deployment).await }
+    let views: Vec<DeploymentView> = deployments.iter().cloned().map(DeploymentView::from).collect();
+    Caches { foos: filled(foos, trim_foo).await, deployments: filled(&views, trim_deployment).await }
 }
 
 async fn filled<K>(objects: &[K], trim: fn(&mut K)) -> Arc<Cache<K>>
