@@ -108,7 +108,9 @@ latency=$(cargo bench --locked --quiet --bench edit_latency -- bench "$EDITS" 2>
 sleep 2
 mapfile -t edit_requests < <(audit count "$UA" "" "$edits_from" "$(date +%s.%N)")
 
-rss_foreign=()
+# The baseline for the foreign Deployments: after the pods became available
+# and the edits, so that growth is theirs alone.
+rss_foreign=("0:$(rss)")
 have=0
 for n in $FOREIGN; do
   log "adding Deployments of someone else's: $n"
