@@ -134,8 +134,12 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
     .await;
     let deployment = deployment(&ns, "example-foo").await.expect("its Deployment");
     assert_eq!(deployment.owner_references()[0].name, "example-foo");
-    let events = ns.controller_events().await;
-    assert!(events.iter().any(|e| e.reason.as_deref() == Some("Synced")), "{events:?}");
+    // Events go out in the background, behind those of every Foo this
+    // all-namespace operator found (other tests' leftovers included).
+    wait_until("a Synced event from the container", TIMEOUT, || async {
+        ns.controller_events().await.into_iter().find(|e| e.reason.as_deref() == Some("Synced"))
+    })
+    .await;
 
     for path in ["/healthz", "/readyz"] {
         assert_eq!(http_get(op.0.probes, path).await.map(|r| r.0), Some(200), "{path}");
