@@ -201,14 +201,15 @@ start kube-scheduler --config "$DIR/scheduler.yaml" --secure-port 0 \
   --authentication-kubeconfig "$DIR/admin.kubeconfig" --authorization-kubeconfig "$DIR/admin.kubeconfig" \
   --v 1
 
-log "starting kwok with ${LOCAL_UP_NODES:-3} simulated nodes"
+NODES="${LOCAL_UP_NODES:-3}"
+log "starting kwok with $NODES simulated nodes"
 # Node leases are the heartbeat the controller-manager checks (kwok's default
 # only applies without a --config). A pod CIDR large enough for the
 # benchmark's scale mode.
 start kwok --kubeconfig "$DIR/admin.kubeconfig" --config "$REPO_ROOT/hack/kwok/stages.yaml" \
   --manage-all-nodes=true --node-lease-duration-seconds 40 --cidr 10.128.0.0/12 --node-ip 10.64.0.1 \
   --server-address ""
-for i in $(seq 0 $((${LOCAL_UP_NODES:-3} - 1))); do
+for i in $(seq 0 $((NODES - 1))); do
   cat <<NODE
 apiVersion: v1
 kind: Node

@@ -154,10 +154,11 @@ fn scale(foo: &Foo, d: &DeploymentView) -> DeploymentAction {
 fn stale_deployments(foo: &Foo, owned: &[Arc<DeploymentView>]) -> Vec<StaleDeployment> {
     owned
         .iter()
+        .map(|d| &**d)
         .filter(|d| {
             d.name_any() != foo.spec.deployment_name
                 && d.meta().deletion_timestamp.is_none()
-                && is_controlled_by(&***d, foo)
+                && is_controlled_by(*d, foo)
         })
         .map(|d| StaleDeployment { name: d.name_any(), uid: d.uid() })
         .collect()
