@@ -148,7 +148,8 @@ omitStages: ["RequestReceived"]
 rules:
 - level: Metadata
 POLICY
-  audit_flags=(--audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$LOCAL_UP_AUDIT_LOG" --audit-log-format json)
+  audit_flags=(--audit-policy-file "$DIR/audit-policy.yaml" --audit-log-path "$LOCAL_UP_AUDIT_LOG" --audit-log-format json
+    --audit-log-maxsize 1000000)  # MB: never rotated (the default rotates at 100 MB)
 fi
 
 log "starting kube-apiserver on https://127.0.0.1:$APISERVER_PORT"
