@@ -6,7 +6,8 @@
 //!   cargo bench --bench edit_latency -- <namespace> <edits>
 //!
 //! Edits `foo-0` .. `foo-<edits-1>`, each from its current replicas to the
-//! next value in 1..=10.
+//! next value in 1..=10, each once the previous one's rollout and status
+//! update are over.
 
 use std::time::{Duration, Instant};
 
@@ -39,15 +40,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let only = watcher::Config::default().fields(&format!("metadata.name={name}"));
         let mut events = std::pin::pin!(watcher(deployments.clone(), only));
         while !matches!(events.next().await.transpose()?, Some(Event::InitDone)) {}
-        tokio::time::sleep(Duration::from_millis(100)).await; // idle between edits
         let sent = Instant::now();
         let patch = serde_json::json!({ "spec": { "replicas": want } });
         foos.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
         let shows_want = |d: &Deployment| d.spec.as_ref().and_then(|s| s.replicas) == Some(want);
-        let arrived = tokio::time::timeout(Duration::from_secs(30), async {
+        let (arrived, edited) = tokio::time::timeout(Duration::from_secs(30), async {
             while let Some(event) = events.next().await {
-                if matches!(event, Ok(Event::Apply(ref d)) if shows_want(d)) {
-                    return Some(Instant::now());
+                if let Ok(Event::Apply(d)) = event
+                    && shows_want(&d)
+                {
+                    return Some((Instant::now(), d));
                 }
             }
             None
@@ -57,6 +59,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .flatten()
         .ok_or_else(|| format!("Deployment {name} never showed replicas {want}"))?;
         latencies.push(arrived - sent);
+        settle(&foos, edited, &mut events).await?;
     }
     latencies.sort();
     let pick = |q: f64| latencies[((latencies.len() as f64 * q).ceil() as usize).saturating_sub(1)];
@@ -66,5 +69,51 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         pick(0.99).as_secs_f64() * 1e3,
         latencies.last().unwrap().as_secs_f64() * 1e3
     );
+    Ok(())
+}
+
+/// Wait until the edit's consequences are over, so that the next edit meets
+/// an idle plane: the Deployment's rollout (where a Deployment controller
+/// runs; in the scale mode nothing writes its status) and the Foo's status
+/// written from it. Then a short pause.
+async fn settle(
+    foos: &Api<Foo>,
+    edited: Deployment,
+    events: &mut (impl futures::Stream<Item = watcher::Result<Event<Deployment>>> + Unpin),
+) -> Result<(), Box<dyn std::error::Error>> {
+    let rolled_out = |d: &Deployment| {
+        let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+        let Some(status) = d.status.as_ref().filter(|s| s.observed_generation.is_some()) else {
+            return true; // no Deployment controller: nothing more will happen
+        };
+        status.observed_generation >= d.metadata.generation
+            && status.available_replicas.unwrap_or(0) == want
+            && status.replicas.unwrap_or(0) == want
+    };
+    let name = edited.metadata.name.clone().unwrap_or_default();
+    let deadline = Duration::from_secs(60);
+    let available = tokio::time::timeout(deadline, async {
+        if rolled_out(&edited) {
+            return Ok(edited.status.and_then(|s| s.available_replicas).unwrap_or(0));
+        }
+        while let Some(event) = events.next().await {
+            if let Ok(Event::Apply(d)) = event
+                && rolled_out(&d)
+            {
+                return Ok(d.status.and_then(|s| s.available_replicas).unwrap_or(0));
+            }
+        }
+        Err(format!("the watch of Deployment {name} ended"))
+    })
+    .await
+    .map_err(|_| format!("Deployment {name} did not roll out within {deadline:?}"))??;
+    let started = Instant::now();
+    while foos.get(&name).await?.status.map_or(0, |s| s.available_replicas) != available {
+        if started.elapsed() > deadline {
+            return Err(format!("Foo {name} never showed {available} available replicas").into());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
     Ok(())
 }
