@@ -80,7 +80,7 @@ for c in "$WORKERS_USED" 16; do
     log "floor: $N Foos at concurrency $c (run $run of $FLOOR_RUNS)"
     create_foos "$ns" "$N"
     settle
-    cargo bench --locked --quiet --bench floor -- "$ns" "$c" 2>/dev/null >&2
+    cargo bench --locked --quiet --bench floor -- "$ns" "$c" >&2
     read -r t0 t1 < <(audit wait-converged "$FLOOR_UA" "$ns" "$N" 1800)
     secs=$(elapsed "$t0" "$t1")
     floor_runs[$c]+="${floor_runs[$c]:+, }${secs}s"
@@ -117,7 +117,7 @@ mapfile -t steady < <(audit count "$UA" "" "$steady_from" "$steady_to")
 
 log "$EDITS edits"
 edits_from=$(date +%s.%N)
-latency=$(cargo bench --locked --quiet --bench edit_latency -- bench "$EDITS" 2>/dev/null)
+latency=$(cargo bench --locked --quiet --bench edit_latency -- bench "$EDITS")
 sleep 2
 mapfile -t edit_requests < <(audit count "$UA" "" "$edits_from" "$(date +%s.%N)")
 
