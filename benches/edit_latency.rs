@@ -90,17 +90,18 @@ async fn settle(
             && status.available_replicas.unwrap_or(0) == want
             && status.replicas.unwrap_or(0) == want
     };
+    let available = |d: &Deployment| d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0);
     let name = edited.metadata.name.clone().unwrap_or_default();
     let deadline = Duration::from_secs(60);
-    let available = tokio::time::timeout(deadline, async {
+    let shown = tokio::time::timeout(deadline, async {
         if rolled_out(&edited) {
-            return Ok(edited.status.and_then(|s| s.available_replicas).unwrap_or(0));
+            return Ok(available(&edited));
         }
         while let Some(event) = events.next().await {
             if let Ok(Event::Apply(d)) = event
                 && rolled_out(&d)
             {
-                return Ok(d.status.and_then(|s| s.available_replicas).unwrap_or(0));
+                return Ok(available(&d));
             }
         }
         Err(format!("the watch of Deployment {name} ended"))
@@ -108,9 +109,9 @@ async fn settle(
     .await
     .map_err(|_| format!("Deployment {name} did not roll out within {deadline:?}"))??;
     let started = Instant::now();
-    while foos.get(&name).await?.status.map_or(0, |s| s.available_replicas) != available {
+    while foos.get(&name).await?.status.map_or(0, |s| s.available_replicas) != shown {
         if started.elapsed() > deadline {
-            return Err(format!("Foo {name} never showed {available} available replicas").into());
+            return Err(format!("Foo {name} never showed {shown} available replicas").into());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
