@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use sample_controller::{app, cli::Cli, telemetry};
 
+/// jemalloc, for memory that stays flat: see Cargo.toml.
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
