@@ -83,7 +83,7 @@ def wait_converged(path, ua, ns, n, timeout):
             if e["verb"] == "patch" and ref.get("subresource") == "status" and ok(e):
                 done.add(ref.get("name"))
                 if len(done) >= n:
-                    print(f"{first:.3f} {ts(e['stageTimestamp']):.3f}")
+                    print(f"{first:.6f} {ts(e['stageTimestamp']):.6f}")
                     return 0
         time.sleep(0.2)
     print(f"only {len(done)} of {n} Foos converged in {timeout}s", file=sys.stderr)
