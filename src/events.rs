@@ -163,12 +163,10 @@ mod tests {
         for name in ["a", "a", "b", "a"] {
             publisher.publish(synced(), foo(name));
         }
-        let sent = [
-            next_event(&mut api).await,
-            next_event(&mut api).await,
-            next_event(&mut api).await,
-            next_event(&mut api).await,
-        ];
+        let mut sent = Vec::new();
+        for _ in 0..4 {
+            sent.push(next_event(&mut api).await);
+        }
         let sent: Vec<_> = sent.iter().map(|(method, name)| (method.as_str(), name.as_str())).collect();
         // The second "a" is counted into the first one's series (a patch); the
         // third comes after two events, from a fresh Recorder: a new Event.
