@@ -106,6 +106,9 @@ controller_run() { # run; leaves the controller running in namespace $ns
   read -r start converged < <(audit wait-converged "$UA" "$ns" "$N" 1800)
   record ours "$(elapsed "$start" "$converged")"
 }
+stop_controller() { # as SIGTERM does: its queued events go out first
+  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
+}
 
 # Best of RUNS runs each, the floor's and ours taken in turns, so that
 # neither meets the plane warming up or the machine busier than the other:
@@ -120,7 +123,7 @@ for run in $(seq 1 "$RUNS"); do
   floor_run "$WORKERS_USED" "$run"
   controller_run "$run"
   (( run == RUNS )) && break
-  kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
+  stop_controller
   clear_run "$ns"
 done
 ours=${best[ours]}
@@ -171,7 +174,7 @@ PY
   rss_foreign+=("$n:$(rss)")
 done
 peak=$(awk '$1 == "VmHWM:" {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
-kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
+stop_controller
 
 per_foo() { python3 -c "import sys; print(f'{int(sys.argv[1]) / int(sys.argv[2]):.2f}')" "$@"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$@"; }
