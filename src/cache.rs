@@ -298,10 +298,12 @@ where
     })
 }
 
-/// Keep what a sync reads of a Deployment: identity, owner, deletion (the
-/// view itself holds only `spec.replicas` and `status.availableReplicas`).
+/// Keep what a sync reads of a Deployment: identity, owner, deletion, and
+/// whether it carries our label (the view itself holds only `spec.replicas`
+/// and `status.availableReplicas`).
 pub fn trim_deployment(d: &mut DeploymentView) {
     trim_metadata(d);
+    d.managed = d.is_managed();
     d.metadata.labels = None;
 }
 
@@ -453,6 +455,10 @@ mod tests {
         assert_eq!((d.spec_replicas(), d.available_replicas()), (2, 1));
         assert_eq!(d.resource_version().as_deref(), Some("200"));
         assert!(d.metadata.annotations.is_none() && d.metadata.labels.is_none());
+        assert!(d.is_managed(), "that it carried our label is kept without the labels");
         assert!(!serde_json::to_string(&d).unwrap().contains("template"), "the pod template is not kept");
+        let mut upstreams = DeploymentView::made_by_upstream(&f);
+        trim_deployment(&mut upstreams);
+        assert!(!upstreams.is_managed());
     }
 }

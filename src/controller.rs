@@ -21,6 +21,7 @@ use kube::{Api, Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{debug, error, info, warn};
 
+use crate::adoption::Adoption;
 use crate::cache::{Cache, relisting_watcher, trim_deployment, trim_foo};
 use crate::constants::*;
 use crate::decision::{DeploymentAction, Outcome, Plan, decide};
@@ -42,6 +43,8 @@ pub struct Caches {
     pub foos: Arc<Cache<Foo>>,
     /// Only the Deployments labelled as made by this controller.
     pub deployments: Arc<Cache<DeploymentView>>,
+    /// Brings the Deployments an earlier controller made into `deployments`.
+    pub adoption: Arc<Adoption>,
 }
 
 impl Caches {
@@ -49,6 +52,15 @@ impl Caches {
     pub async fn synced(&self) {
         self.foos.synced().await;
         self.deployments.synced().await;
+    }
+
+    /// Resolves once the caches are synced and the Deployments our Foos
+    /// control all carry our label (the adoption pass ran): until then a
+    /// Deployment would look missing.
+    async fn ready(&self) {
+        self.synced().await;
+        let foo_uid = |foo: &ObjectRef<Foo>| self.foos.get(foo).and_then(|f| f.uid());
+        self.adoption.ensure(foo_uid, |adopted| self.deployments.wrote(None, Some(adopted))).await;
     }
 }
 
@@ -189,7 +201,8 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<Workqueue>) -> (Co
         .reconcile_on(freed_triggers)
         .trigger_backoff(EachWatchBacksOff)
         .with_config(ControllerConfig::default().concurrency(settings.workers));
-    (controller, Caches { foos, deployments })
+    let adoption = Arc::new(Adoption::new(api(client, settings.namespace.as_deref()), settings.workers.into()));
+    (controller, Caches { foos, deployments, adoption })
 }
 
 /// The Foos controlling `d` (as kube-runtime maps owned objects to owners).
@@ -313,8 +326,7 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     // If the cache has not yet seen our last status write, use what it returned.
     let foo = ctx.caches.foos.latest(foo);
     let target = Target::of(&foo)?;
-    // Until the Deployments are listed, every Deployment would look missing.
-    ctx.caches.deployments.synced().await;
+    ctx.caches.ready().await;
     let name = &foo.spec.deployment_name;
     let current = (!name.is_empty())
         .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
@@ -393,18 +405,14 @@ async fn write_deployment(
                 Err(e) => return Err(target.api_error("create Deployment")(e)),
             }
         }
-        DeploymentAction::Scale { name, resource_version, replicas } => {
-            // Only `spec.replicas` is written, so fields set by other tools
-            // survive (upstream replaces the whole object). The
-            // resourceVersion makes it conditional on the object we checked:
+        DeploymentAction::Patch(patch) => {
+            // Only what differs is written, so fields set by other tools
+            // survive (upstream replaces the whole object). The uid and
+            // resourceVersion make it conditional on the object we checked:
             // if the cache was behind, this is a conflict and a retry.
-            let patch = json!({
-                "metadata": { "resourceVersion": resource_version },
-                "spec": { "replicas": replicas },
-            });
-            api.patch(name, &field_manager(), &Patch::Merge(&patch))
+            api.patch(&patch.name, &field_manager(), &Patch::Merge(patch.body()))
                 .await
-                .map_err(target.api_error("scale Deployment"))?
+                .map_err(target.api_error("patch Deployment"))?
         }
     };
     ctx.caches.deployments.wrote(current, Some(written.into()));
@@ -456,7 +464,14 @@ fn summary(plan: &Plan) -> String {
     let mut parts = Vec::new();
     match &plan.deployment {
         DeploymentAction::Create(d) => parts.push(format!("create Deployment {}", d.name_any())),
-        DeploymentAction::Scale { name, replicas, .. } => parts.push(format!("scale Deployment {name} to {replicas}")),
+        DeploymentAction::Patch(p) => {
+            if p.adopt {
+                parts.push(format!("adopt Deployment {}", p.name));
+            }
+            if let Some(replicas) = p.replicas {
+                parts.push(format!("scale Deployment {} to {replicas}", p.name));
+            }
+        }
         DeploymentAction::None => {}
     }
     parts.extend(plan.delete.iter().map(|s| format!("delete Deployment {}", s.name)));

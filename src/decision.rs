@@ -20,13 +20,44 @@ use crate::foo::{Foo, FooStatus};
 pub enum DeploymentAction {
     /// It is missing: create it.
     Create(Box<Deployment>),
-    /// It is ours but its replicas differ from `spec.replicas`: set them,
-    /// only if the object is still at `resource_version` (the one checked for
-    /// ownership), so a Deployment that changed hands meanwhile is not
-    /// touched.
-    Scale { name: String, resource_version: Option<String>, replicas: i32 },
+    /// It is ours but its replicas differ from `spec.replicas`, or it lacks
+    /// our label: patch what differs.
+    Patch(DeploymentPatch),
     /// It is ours and in sync, or it cannot be touched: no write.
     None,
+}
+
+/// A merge patch of a Deployment the Foo controls, made only if the object is
+/// still the one checked for ownership (its uid and `resource_version`), so a
+/// Deployment that changed hands meanwhile is not touched. It never touches
+/// `spec.template`, so it never rolls out new pods.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeploymentPatch {
+    pub name: String,
+    pub uid: Option<String>,
+    pub resource_version: Option<String>,
+    /// `spec.replicas` to set, when the Foo asks for others.
+    pub replicas: Option<i32>,
+    /// Add our managed-by label: the Deployment was made by upstream's
+    /// controller (or lost the label), so our label-filtered watch cannot
+    /// see it. A metadata-only change: no rollout, no pod replaced.
+    pub adopt: bool,
+}
+
+impl DeploymentPatch {
+    /// The JSON merge patch: the preconditions, and only the fields that change.
+    pub fn body(&self) -> serde_json::Value {
+        let mut body = serde_json::json!({
+            "metadata": { "uid": self.uid, "resourceVersion": self.resource_version },
+        });
+        if self.adopt {
+            body["metadata"]["labels"] = serde_json::json!({ LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE });
+        }
+        if let Some(replicas) = self.replicas {
+            body["spec"] = serde_json::json!({ "replicas": replicas });
+        }
+        body
+    }
 }
 
 /// A Deployment this Foo controls under a name it no longer asks for.
@@ -108,7 +139,7 @@ pub fn decide(foo: &Foo, current: Option<&DeploymentView>, owned: &[Arc<Deployme
         Some(d) => {
             let want = foo.spec.replicas.unwrap_or_else(|| d.spec_replicas());
             let available = d.available_replicas();
-            (scale(foo, d), available, availability(name, available, want))
+            (patch(foo, d), available, availability(name, available, want))
         }
     };
     let mut plan = Plan {
@@ -138,16 +169,22 @@ fn refusal(foo: &Foo, reason: &'static str, message: String, outcome: Outcome, n
     Plan { deployment: DeploymentAction::None, delete: vec![], status, events, outcome }
 }
 
-/// Set the replicas of our Deployment `d` when the Foo asks for others.
-fn scale(foo: &Foo, d: &DeploymentView) -> DeploymentAction {
-    match foo.spec.replicas {
-        Some(want) if want != d.spec_replicas() => DeploymentAction::Scale {
-            name: foo.spec.deployment_name.clone(),
-            resource_version: d.resource_version(),
-            replicas: want,
-        },
-        _ => DeploymentAction::None,
+/// Patch our Deployment `d`: its replicas when the Foo asks for others, our
+/// label when it lacks it (made by upstream's controller, or removed by
+/// someone) — both in one request.
+fn patch(foo: &Foo, d: &DeploymentView) -> DeploymentAction {
+    let replicas = foo.spec.replicas.filter(|want| *want != d.spec_replicas());
+    let adopt = !d.is_managed();
+    if replicas.is_none() && !adopt {
+        return DeploymentAction::None;
     }
+    DeploymentAction::Patch(DeploymentPatch {
+        name: foo.spec.deployment_name.clone(),
+        uid: d.uid(),
+        resource_version: d.resource_version(),
+        replicas,
+        adopt,
+    })
 }
 
 /// The Deployments this Foo controls under a name it no longer asks for.
@@ -286,12 +323,55 @@ mod tests {
         let plan = decide(&foo, Some(&d), &[], &now());
         assert_eq!(
             plan.deployment,
-            DeploymentAction::Scale { name: "example-foo".into(), resource_version: Some("200".into()), replicas: 3 }
+            DeploymentAction::Patch(DeploymentPatch {
+                name: "example-foo".into(),
+                uid: Some("uid-deploy-example-foo".into()),
+                resource_version: Some("200".into()),
+                replicas: Some(3),
+                adopt: false,
+            })
         );
         assert_eq!(reasons(&plan), vec![REASON_SYNCED]);
         let status = plan.status.unwrap();
         assert_eq!(status.available_replicas, 1);
         assert_eq!(status.conditions[0].status, "False", "1/3 available is not ready");
+    }
+
+    #[test]
+    fn a_deployment_made_by_upstream_is_adopted_with_a_label_only_patch() {
+        let foo = Foo::test("example-foo").replicas(2);
+        let d = DeploymentView::made_by_upstream(&foo).replicas(2).available(2);
+        let plan = decide(&foo, Some(&d), &[], &now());
+        let DeploymentAction::Patch(patch) = &plan.deployment else { panic!("expected a patch, got {plan:?}") };
+        assert_eq!(
+            patch.body(),
+            serde_json::json!({ "metadata": {
+                "uid": "uid-deploy-example-foo",
+                "resourceVersion": "200",
+                "labels": { "app.kubernetes.io/managed-by": "sample-controller" },
+            }}),
+            "metadata only: no spec, so no rollout"
+        );
+        assert_eq!(plan.outcome, Outcome::Synced);
+        assert_eq!(plan.status.unwrap().conditions[0].status, "True");
+    }
+
+    #[test]
+    fn adopting_and_scaling_an_upstream_deployment_is_one_patch() {
+        let foo = Foo::test("example-foo").replicas(3);
+        let d = DeploymentView::made_by_upstream(&foo).replicas(1);
+        let DeploymentAction::Patch(patch) = decide(&foo, Some(&d), &[], &now()).deployment else { panic!() };
+        assert_eq!(patch.body()["spec"], serde_json::json!({ "replicas": 3 }));
+        assert_eq!(patch.body()["metadata"]["labels"][LABEL_MANAGED_BY], LABEL_MANAGED_BY_VALUE);
+    }
+
+    #[test]
+    fn an_unlabelled_deployment_of_another_owner_is_never_adopted() {
+        let foo = Foo::test("example-foo").replicas(1);
+        let someone_elses = DeploymentView::made_by_upstream(&foo.clone().uid("uid-predecessor"));
+        let plan = decide(&foo, Some(&someone_elses), &[], &now());
+        assert_eq!(plan.deployment, DeploymentAction::None);
+        assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
     }
 
     #[test]
@@ -498,6 +578,7 @@ mod properties {
         replicas: i32,
         available: i32,
         terminating: bool,
+        labelled: bool,
     ) -> DeploymentView {
         let reference = |uid: &str, controller| OwnerReference {
             api_version: "samplecontroller.k8s.io/v1alpha1".into(),
@@ -521,29 +602,32 @@ mod properties {
                 uid: Some(format!("uid-deploy-{name}")),
                 resource_version: Some("7".into()),
                 owner_references: owners,
+                labels: labelled.then(|| [(LABEL_MANAGED_BY.to_owned(), LABEL_MANAGED_BY_VALUE.to_owned())].into()),
                 deletion_timestamp: terminating.then_some(Time(Timestamp::UNIX_EPOCH)),
                 ..ObjectMeta::default()
             },
             spec: Some(ViewSpec { replicas: Some(replicas) }),
             status: Some(ViewStatus { available_replicas: Some(available) }),
+            managed: false,
         }
     }
 
-    /// A Foo, the Deployment of its `spec.deploymentName` (maybe none), and
-    /// other Deployments of its namespace.
+    /// A Foo, the Deployment of its `spec.deploymentName` (maybe none, maybe
+    /// without our label: made by upstream), and other Deployments of its
+    /// namespace (labelled: the cache holds no others).
     fn world() -> impl Strategy<Value = (Foo, Option<DeploymentView>, Vec<DeploymentView>)> {
-        let observed = (owner(), 0..12i32, 0..12i32);
+        let observed = (owner(), 0..12i32, 0..12i32, any::<bool>());
         let others = proptest::collection::vec(("[a-c]{1,2}", owner(), 0..12i32, any::<bool>()), 0..4);
         (arb_foo(), proptest::option::of(observed), others).prop_map(|(foo, observed, others)| {
             let name = foo.spec.deployment_name.clone();
-            let current = observed
-                .filter(|_| !name.is_empty())
-                .map(|(owner, replicas, available)| deployment(&foo, &name, owner, replicas, available, false));
+            let current = observed.filter(|_| !name.is_empty()).map(|(owner, replicas, available, labelled)| {
+                deployment(&foo, &name, owner, replicas, available, false, labelled)
+            });
             let mut names = std::collections::BTreeSet::from([name.clone()]);
             let others = others
                 .into_iter()
                 .filter(|(n, ..)| names.insert(n.clone())) // unique names, as in a namespace
-                .map(|(n, owner, replicas, terminating)| deployment(&foo, &n, owner, replicas, 0, terminating))
+                .map(|(n, owner, replicas, terminating)| deployment(&foo, &n, owner, replicas, 0, terminating, true))
                 .collect();
             (foo, current, others)
         })
@@ -570,8 +654,16 @@ mod properties {
                 created.status = Some(ViewStatus::default());
                 Some(created)
             }
-            DeploymentAction::Scale { replicas, .. } => current.cloned().map(|mut d| {
-                d.spec.as_mut().unwrap().replicas = Some(*replicas);
+            DeploymentAction::Patch(p) => current.cloned().map(|mut d| {
+                if let Some(replicas) = p.replicas {
+                    d.spec.as_mut().unwrap().replicas = Some(replicas);
+                }
+                if p.adopt {
+                    d.metadata
+                        .labels
+                        .get_or_insert_with(Default::default)
+                        .insert(LABEL_MANAGED_BY.into(), LABEL_MANAGED_BY_VALUE.into());
+                }
                 d
             }),
             DeploymentAction::None => current.cloned(),
@@ -592,7 +684,10 @@ mod properties {
 
             match &plan.deployment {
                 DeploymentAction::Create(_) => prop_assert!(current.is_none()),
-                DeploymentAction::Scale { .. } => prop_assert!(current.as_ref().is_some_and(|d| is_controlled_by(d, &foo))),
+                DeploymentAction::Patch(p) => {
+                    let d = current.as_ref().filter(|d| is_controlled_by(*d, &foo));
+                    prop_assert!(d.is_some_and(|d| d.uid() == p.uid && d.resource_version() == p.resource_version), "{p:?}");
+                }
                 DeploymentAction::None => {}
             }
             for stale in &plan.delete {

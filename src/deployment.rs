@@ -31,10 +31,19 @@ pub fn managed_selector() -> String {
     format!("{LABEL_MANAGED_BY}={LABEL_MANAGED_BY_VALUE}")
 }
 
-/// Selector for the Deployments created for one Foo (by name; the
-/// ownerReference uid is checked on top of it, see [`is_controlled_by`]).
-pub fn foo_selector(foo_name: &str) -> String {
-    format!("{},{LABEL_CONTROLLER}={foo_name}", managed_selector())
+/// Label selector for the Deployments upstream's controller (or any build
+/// that did not label them) made for Foos: upstream's labels, without ours.
+/// The adoption pass lists these once, as metadata only; whether a Foo
+/// controls each is then checked by uid ([`is_controlled_by`]).
+pub fn unmanaged_selector() -> String {
+    format!("{LABEL_APP}={LABEL_APP_VALUE},{LABEL_CONTROLLER},!{LABEL_MANAGED_BY}")
+}
+
+/// True when the Deployment carries our managed-by label, so our watch sees
+/// it. A Deployment a Foo controls without it is adopted: labelled, nothing
+/// else changed.
+pub fn has_managed_label<K: Resource>(deployment: &K) -> bool {
+    deployment.labels().get(LABEL_MANAGED_BY).is_some_and(|v| v == LABEL_MANAGED_BY_VALUE)
 }
 
 /// The controller ownerReference a Deployment of this Foo carries, so the
@@ -111,6 +120,11 @@ pub struct DeploymentView {
     pub spec: Option<ViewSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<ViewStatus>,
+    /// Our managed-by label was on it when the cache dropped its labels
+    /// ([`crate::cache::trim_deployment`]): one bool instead of a map per
+    /// Deployment. Read through [`DeploymentView::is_managed`].
+    #[serde(skip)]
+    pub managed: bool,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -154,6 +168,7 @@ impl From<Deployment> for DeploymentView {
             metadata: d.metadata,
             spec: d.spec.map(|s| ViewSpec { replicas: s.replicas }),
             status: d.status.map(|s| ViewStatus { available_replicas: s.available_replicas }),
+            managed: false,
         }
     }
 }
@@ -164,6 +179,12 @@ impl DeploymentView {
     /// `*deployment.Spec.Replicas`.
     pub fn spec_replicas(&self) -> i32 {
         self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+    }
+
+    /// True when it carries our managed-by label (or did, before the cache
+    /// trimmed its labels away), so our label-filtered watch sees it.
+    pub fn is_managed(&self) -> bool {
+        self.managed || has_managed_label(self)
     }
 
     /// `status.availableReplicas`, 0 when not reported yet.

@@ -3,11 +3,13 @@
 //!
 //! A module per concept: [`foo`] the API type, [`deployment`] the Deployment
 //! a Foo asks for, [`decision`] what a sync does (pure), [`cache`] what the
-//! watches keep, [`controller`] the kube-runtime wiring that carries
+//! watches keep, [`adoption`] taking over what upstream's controller made,
+//! [`controller`] the kube-runtime wiring that carries
 //! decisions out, [`events`] their Events, [`constants`] every name put on
 //! the wire, plus the process around them: [`app`], [`cli`], [`client`],
 //! [`telemetry`], [`metrics`] (with [`workqueue`]), [`http`] and [`leader`].
 
+pub mod adoption;
 pub mod app;
 pub mod cache;
 pub mod cli;

@@ -14,6 +14,7 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use crate::constants::LABEL_MANAGED_BY;
 use crate::deployment::{DeploymentView, desired_deployment};
 use crate::foo::{Foo, FooSpec};
 
@@ -96,6 +97,9 @@ pub trait DeploymentFixture: Sized {
     fn owned_by(foo: &Foo) -> Self;
     /// A Deployment someone else made, controlled by something that is not
     /// a Foo, with one replica.
+    /// The Deployment upstream's Go controller made for `foo`: as
+    /// [`DeploymentFixture::owned_by`], without our managed-by label.
+    fn made_by_upstream(foo: &Foo) -> Self;
     fn foreign(name: &str) -> Self;
     fn replicas(self, replicas: i32) -> Self;
     fn available(self, available: i32) -> Self;
@@ -109,6 +113,12 @@ impl DeploymentFixture for Deployment {
         d.metadata.resource_version = Some("200".into());
         d.spec.as_mut().unwrap().replicas = Some(foo.spec.replicas.unwrap_or(1));
         d.status = Some(DeploymentStatus { available_replicas: Some(0), ..Default::default() });
+        d
+    }
+
+    fn made_by_upstream(foo: &Foo) -> Self {
+        let mut d = Self::owned_by(foo);
+        d.metadata.labels.as_mut().map(|l| l.remove(LABEL_MANAGED_BY));
         d
     }
 
@@ -142,6 +152,10 @@ impl DeploymentFixture for Deployment {
 impl DeploymentFixture for DeploymentView {
     fn owned_by(foo: &Foo) -> Self {
         Deployment::owned_by(foo).into()
+    }
+
+    fn made_by_upstream(foo: &Foo) -> Self {
+        Deployment::made_by_upstream(foo).into()
     }
 
     fn foreign(name: &str) -> Self {

@@ -11,9 +11,11 @@ use http::{Method, Request, Response, StatusCode};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::Client;
 use kube::client::Body;
+use kube::core::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
+use kube::{Api, Client};
+use sample_controller::adoption::Adoption;
 use sample_controller::controller::{Context, error_policy, reconcile};
 use sample_controller::decision::decide;
 use sample_controller::deployment::{DeploymentView, desired_deployment};
@@ -102,9 +104,18 @@ struct Mock {
 
 impl Mock {
     async fn new(foos: &[Foo], deployments: &[Deployment]) -> Self {
+        Self::adopting(foos, deployments, false).await
+    }
+
+    /// With `adopt`, the first sync runs the adoption pass over the
+    /// `default` namespace, as a started controller's does.
+    async fn adopting(foos: &[Foo], deployments: &[Deployment], adopt: bool) -> Self {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let caches = caches_holding(foos, deployments).await;
+        let mut caches = caches_holding(foos, deployments).await;
+        if adopt {
+            caches.adoption = Arc::new(Adoption::new(Api::namespaced(client.clone(), "default"), 1));
+        }
         Mock { ctx: Arc::new(Context::new(client, caches, Arc::new(Metrics::new()), None)), handle }
     }
 
@@ -213,7 +224,8 @@ async fn updates_deployment_replicas() {
             .query("fieldManager=sample-controller")
             // Only replicas, conditional on the version checked for ownership.
             .body(|body| {
-                assert_eq!(*body, json!({ "metadata": { "resourceVersion": "200" }, "spec": { "replicas": 3 } }))
+                let metadata = json!({ "uid": "uid-deploy-example-foo", "resourceVersion": "200" });
+                assert_eq!(*body, json!({ "metadata": metadata, "spec": { "replicas": 3 } }))
             })
             .reply(StatusCode::OK, scaled),
         expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, example_foo(3)),
@@ -257,6 +269,61 @@ async fn not_controlled_by_us() {
     ];
     let err = mock.sync(&foo, scenario).await.unwrap_err();
     assert!(matches!(err, Error::ResourceExists { ref deployment, .. } if deployment == "example-foo"), "{err}");
+}
+
+/// The label-only adoption patch of the example Foo's Deployment.
+fn adoption_patch() -> Expect {
+    expect(Method::PATCH, DEPLOYMENT).query("fieldManager=sample-controller").body(|body| {
+        let labels = json!({ "app.kubernetes.io/managed-by": "sample-controller" });
+        let metadata = json!({ "uid": "uid-deploy-example-foo", "resourceVersion": "200", "labels": labels });
+        assert_eq!(*body, json!({ "metadata": metadata }), "metadata only: no rollout");
+    })
+}
+
+#[tokio::test]
+async fn the_first_sync_adopts_upstreams_deployments_with_one_list_and_a_label_patch_each() {
+    // Upstream's controller made the Deployment: our watch cannot see it.
+    let foo = example_foo(2);
+    let upstreams = Deployment::made_by_upstream(&foo).replicas(2).available(2);
+    let mut adopted = upstreams.clone();
+    adopted.metadata.labels.as_mut().unwrap().insert("app.kubernetes.io/managed-by".into(), "sample-controller".into());
+    adopted.metadata.resource_version = Some("201".into());
+    let list = json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {},
+        "items": [serde_json::to_value(PartialObjectMetaExt::into_response_partial::<Deployment>(upstreams.metadata.clone())).unwrap()] });
+    let synced = synced_with(foo.clone(), &adopted);
+    let mut mock = Mock::adopting(std::slice::from_ref(&foo), &[], true).await;
+    let scenario = vec![
+        expect(Method::GET, DEPLOYMENTS)
+            .query("labelSelector=app%3Dnginx%2Ccontroller%2C%21app.kubernetes.io%2Fmanaged-by")
+            .reply(StatusCode::OK, list),
+        adoption_patch().reply(StatusCode::OK, adopted),
+        // No create attempt: the sync finds it adopted, and only writes status.
+        expect(Method::PATCH, FOO_STATUS)
+            .body(|body| assert_eq!(body["status"]["availableReplicas"], 2))
+            .reply(StatusCode::OK, synced.clone()),
+        Expect::event("Normal", "Synced"),
+    ];
+    mock.sync(&foo, scenario).await.unwrap();
+    // The pass ran once, and the adopted Deployment is cached: the next
+    // sync makes no request at all.
+    mock.sync(&synced, vec![]).await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sync_that_meets_an_unlabelled_deployment_of_its_foo_adopts_it() {
+    // Made by upstream after the adoption pass, or our label removed by hand.
+    let foo = example_foo(2);
+    let upstreams = Deployment::made_by_upstream(&foo).replicas(2).available(2);
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
+    let scenario = vec![
+        expect(Method::POST, DEPLOYMENTS)
+            .reply(StatusCode::CONFLICT, status(StatusCode::CONFLICT, "AlreadyExists", "already exists")),
+        expect(Method::GET, DEPLOYMENT).reply(StatusCode::OK, upstreams.clone()),
+        adoption_patch().reply(StatusCode::OK, Deployment::owned_by(&foo).replicas(2).available(2)),
+        expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, foo.clone()),
+        Expect::event("Normal", "Synced"),
+    ];
+    mock.sync(&foo, scenario).await.unwrap();
 }
 
 #[tokio::test]

@@ -18,6 +18,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config, ResourceExt};
 use sample_controller::Foo;
+use sample_controller::adoption::Adoption;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
 use sample_controller::constants::CONTROLLER_NAME;
 use sample_controller::controller::{self, Caches, Context, Settings};
@@ -205,7 +206,11 @@ pub fn start_controller(client: Client, namespace: Option<&str>) -> RunningContr
 /// can make them lag behind the API server.
 pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches {
     let views: Vec<DeploymentView> = deployments.iter().cloned().map(DeploymentView::from).collect();
-    Caches { foos: filled(foos, trim_foo).await, deployments: filled(&views, trim_deployment).await }
+    Caches {
+        foos: filled(foos, trim_foo).await,
+        deployments: filled(&views, trim_deployment).await,
+        adoption: Arc::new(Adoption::none()),
+    }
 }
 
 async fn filled<K>(objects: &[K], trim: fn(&mut K)) -> Arc<Cache<K>>

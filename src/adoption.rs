@@ -1,0 +1,197 @@
+//! Taking over Deployments that a Foo controls but that lack our managed-by
+//! label: those upstream's Go controller made before it was swapped for this
+//! one (or that someone unlabelled). Our Deployment watch selects on that
+//! label, so without it a Deployment is invisible: hand scaling and deletion
+//! would not be put back, and the Foo's status would not follow its pods.
+//!
+//! Before the first sync acts, one pass lists the candidates once — metadata
+//! only, narrowed by upstream's labels ([`unmanaged_selector`]) — and labels
+//! each that a cached Foo controls by uid ([`adoption_patch`]) with one
+//! conditional, metadata-only patch: no rollout, no pod replaced, never a
+//! Deployment some other owner controls. What the pass misses (a Deployment
+//! made after its list, a label removed later) a sync adopts when it meets
+//! it, through the same [`DeploymentPatch`].
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tokio::sync::OnceCell;
+use tracing::{info, warn};
+
+use crate::constants::FIELD_MANAGER;
+use crate::decision::DeploymentPatch;
+use crate::deployment::{DeploymentView, has_managed_label, unmanaged_selector};
+use crate::foo::Foo;
+
+/// The adoption pass of one controller run: runs once, the first time a
+/// sync needs it; concurrent syncs wait for it.
+pub struct Adoption {
+    /// Where to look (the watched namespace, or all); `None`: nothing to do.
+    deployments: Option<Api<Deployment>>,
+    concurrency: usize,
+    done: OnceCell<()>,
+}
+
+impl Adoption {
+    pub fn new(deployments: Api<Deployment>, concurrency: usize) -> Self {
+        Adoption { deployments: Some(deployments), concurrency: concurrency.max(1), done: OnceCell::new() }
+    }
+
+    /// No pass: for caches whose contents a test fixes.
+    pub fn none() -> Self {
+        Adoption { deployments: None, concurrency: 1, done: OnceCell::new_with(Some(())) }
+    }
+
+    /// Run the pass unless it ran; `foo_uid` answers with the uid of a
+    /// cached Foo. Adopted Deployments are handed to `adopted` (for the
+    /// cache) as the API server returned them.
+    pub async fn ensure(&self, foo_uid: impl Fn(&ObjectRef<Foo>) -> Option<String>, adopted: impl Fn(DeploymentView)) {
+        self.done
+            .get_or_init(|| async {
+                let Some(api) = &self.deployments else { return };
+                match self.run(api, &foo_uid, &adopted).await {
+                    Ok(0) => {}
+                    Ok(n) => info!(deployments = n, "adopted Deployments made by an earlier controller"),
+                    // Not fatal: a sync still adopts each Deployment it meets,
+                    // at the cost of a create attempt and a read.
+                    Err(e) => warn!(error = %e, "cannot list Deployments to adopt; each Foo's sync will adopt its own"),
+                }
+            })
+            .await;
+    }
+
+    async fn run(
+        &self,
+        api: &Api<Deployment>,
+        foo_uid: &impl Fn(&ObjectRef<Foo>) -> Option<String>,
+        adopted: &impl Fn(DeploymentView),
+    ) -> kube::Result<usize> {
+        let candidates = api.list_metadata(&ListParams::default().labels(&unmanaged_selector())).await?;
+        let patches: Vec<(String, DeploymentPatch)> =
+            candidates.items.iter().filter_map(|d| Some((d.namespace()?, adoption_patch(d, foo_uid)?))).collect();
+        let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
+        let count = futures::stream::iter(patches)
+            .map(|(namespace, patch)| {
+                let api: Api<Deployment> = Api::namespaced(api.clone().into_client(), &namespace);
+                let pp = &pp;
+                async move { (api.patch(&patch.name, pp, &Patch::Merge(patch.body())).await, namespace, patch.name) }
+            })
+            .buffer_unordered(self.concurrency)
+            .filter_map(|(result, namespace, name)| async move {
+                match result {
+                    Ok(d) => Some(d),
+                    // Changed or deleted since the list: the sync that meets
+                    // it decides again.
+                    Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => None,
+                    Err(e) => {
+                        warn!(deployment = %format!("{namespace}/{name}"), error = %e, "cannot adopt Deployment");
+                        None
+                    }
+                }
+            })
+            .fold(0, |n, d| {
+                adopted(d.into());
+                async move { n + 1 }
+            })
+            .await;
+        Ok(count)
+    }
+}
+
+/// The patch that adopts `d`, if a Foo controls it and it lacks our label:
+/// its controller ownerReference names a Foo (by API group and kind) whose
+/// uid, as `foo_uid` reports it, is the one referenced. A Foo deleted and
+/// re-created under the same name has another uid and adopts nothing.
+pub fn adoption_patch(
+    d: &PartialObjectMeta<Deployment>,
+    foo_uid: impl Fn(&ObjectRef<Foo>) -> Option<String>,
+) -> Option<DeploymentPatch> {
+    if has_managed_label(d) {
+        return None;
+    }
+    let meta: &ObjectMeta = &d.metadata;
+    let owner = meta.owner_references.iter().flatten().find(|o| o.controller == Some(true))?;
+    let group = owner.api_version.split_once('/').map_or("", |(group, _)| group);
+    if owner.kind != Foo::kind(&()) || group != Foo::group(&()) {
+        return None;
+    }
+    let foo = ObjectRef::new(&owner.name).within(meta.namespace.as_deref()?);
+    (foo_uid(&foo)? == owner.uid).then(|| DeploymentPatch {
+        name: d.name_any(),
+        uid: meta.uid.clone(),
+        resource_version: meta.resource_version.clone(),
+        replicas: None,
+        adopt: true,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::constants::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
+    use crate::testing::{DeploymentFixture, FooFixture};
+    use kube::core::PartialObjectMetaExt;
+
+    /// `d` as a metadata-only list returns it.
+    fn listed(d: Deployment) -> PartialObjectMeta<Deployment> {
+        d.metadata.into_response_partial()
+    }
+
+    /// A cache holding `foos`, as `foo_uid` reads it.
+    fn cached(foos: &[Foo]) -> impl Fn(&ObjectRef<Foo>) -> Option<String> + '_ {
+        |r| foos.iter().find(|f| ObjectRef::from_obj(*f) == *r).and_then(|f| f.uid())
+    }
+
+    #[test]
+    fn a_deployment_made_by_upstream_for_a_cached_foo_is_labelled_and_nothing_else() {
+        let foo = Foo::test("example-foo");
+        let patch = adoption_patch(&listed(Deployment::made_by_upstream(&foo)), cached(&[foo])).unwrap();
+        assert_eq!(
+            patch.body(),
+            serde_json::json!({ "metadata": {
+                "uid": "uid-deploy-example-foo",
+                "resourceVersion": "200",
+                "labels": { LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE },
+            }})
+        );
+    }
+
+    #[test]
+    fn already_labelled_deployments_are_left_alone() {
+        let foo = Foo::test("example-foo");
+        assert_eq!(adoption_patch(&listed(Deployment::owned_by(&foo)), cached(&[foo])), None);
+    }
+
+    #[test]
+    fn a_deployment_of_a_foo_recreated_under_the_same_name_is_not_adopted() {
+        let old = Foo::test("example-foo").uid("uid-old");
+        let new = Foo::test("example-foo").uid("uid-new");
+        assert_eq!(adoption_patch(&listed(Deployment::made_by_upstream(&old)), cached(&[new])), None);
+    }
+
+    #[test]
+    fn a_deployment_whose_foo_is_not_cached_is_not_adopted() {
+        let foo = Foo::test("example-foo");
+        assert_eq!(adoption_patch(&listed(Deployment::made_by_upstream(&foo)), cached(&[])), None);
+    }
+
+    #[test]
+    fn only_a_controller_reference_to_a_foo_of_our_group_counts() {
+        let foo = Foo::test("example-foo");
+        let with_owner = |edit: fn(&mut k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference)| {
+            let mut d = Deployment::made_by_upstream(&foo);
+            edit(&mut d.metadata.owner_references.as_mut().unwrap()[0]);
+            listed(d)
+        };
+        let foos = [foo.clone()];
+        assert!(adoption_patch(&with_owner(|_| {}), cached(&foos)).is_some(), "the reference itself is fine");
+        assert_eq!(adoption_patch(&with_owner(|o| o.controller = Some(false)), cached(&foos)), None);
+        assert_eq!(adoption_patch(&with_owner(|o| o.controller = None), cached(&foos)), None);
+        assert_eq!(adoption_patch(&with_owner(|o| o.kind = "Bar".into()), cached(&foos)), None);
+        assert_eq!(adoption_patch(&with_owner(|o| o.api_version = "example.com/v1alpha1".into()), cached(&foos)), None);
+        assert_eq!(adoption_patch(&listed(Deployment::foreign("example-foo")), cached(&foos)), None);
+    }
+}
