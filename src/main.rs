@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sample_controller::{app, cli::Cli, telemetry};
+use sample_controller::cli::{Cli, from_go_style};
+use sample_controller::{app, telemetry};
 
 /// jemalloc, for memory that stays flat: see Cargo.toml.
 #[global_allocator]
@@ -11,8 +12,11 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
-    telemetry::init(cli.log_format);
+    // Upstream's command line (Go's `-kubeconfig=PATH`, klog's `-v=N`) works as is.
+    let go = from_go_style(std::env::args());
+    let cli = Cli::parse_from(go.args);
+    telemetry::init(cli.log_format, go.log_filter.as_deref());
+    go.notices.iter().for_each(|notice| tracing::info!("{notice}"));
     match app::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

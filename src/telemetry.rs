@@ -13,8 +13,11 @@ use crate::cli::LogFormat;
 /// lines are the ones someone should look at.
 pub const DEFAULT_FILTER: &str = "info,kube_client::client=error,kube_client::client::builder=off";
 
-pub fn init(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_FILTER));
+/// Start logging. `RUST_LOG` wins over `default_filter` (from klog's `-v`),
+/// which wins over [`DEFAULT_FILTER`].
+pub fn init(format: LogFormat, default_filter: Option<&str>) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter.unwrap_or(DEFAULT_FILTER)));
     // Colours only on a terminal, not in log files and pipelines.
     let ansi = std::io::stderr().is_terminal();
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
