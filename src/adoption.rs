@@ -5,7 +5,7 @@
 //! would not be put back, and the Foo's status would not follow its pods.
 //!
 //! Before the first sync acts, one pass lists the candidates once — metadata
-//! only, narrowed by upstream's labels ([`unmanaged_selector`]) — and labels
+//! only, those without our label ([`unmanaged_selector`]) — and labels
 //! each that a cached Foo controls by uid ([`adoption_patch`]) with one
 //! conditional, metadata-only patch: no rollout, no pod replaced, never a
 //! Deployment some other owner controls. What the pass misses (a Deployment

@@ -31,12 +31,13 @@ pub fn managed_selector() -> String {
     format!("{LABEL_MANAGED_BY}={LABEL_MANAGED_BY_VALUE}")
 }
 
-/// Label selector for the Deployments upstream's controller (or any build
-/// that did not label them) made for Foos: upstream's labels, without ours.
-/// The adoption pass lists these once, as metadata only; whether a Foo
-/// controls each is then checked by uid ([`is_controlled_by`]).
+/// Label selector for the Deployments the adoption pass looks at: those
+/// without our label. Upstream's `newDeployment` puts `app` and `controller`
+/// on the selector and the pods only, not on the Deployment, so nothing
+/// narrows the search further; the pass lists metadata only, once, and then
+/// checks each owner by uid ([`is_controlled_by`]).
 pub fn unmanaged_selector() -> String {
-    format!("{LABEL_APP}={LABEL_APP_VALUE},{LABEL_CONTROLLER},!{LABEL_MANAGED_BY}")
+    format!("!{LABEL_MANAGED_BY}")
 }
 
 /// True when the Deployment carries our managed-by label, so our watch sees

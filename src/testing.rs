@@ -14,7 +14,6 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::constants::LABEL_MANAGED_BY;
 use crate::deployment::{DeploymentView, desired_deployment};
 use crate::foo::{Foo, FooSpec};
 
@@ -98,7 +97,8 @@ pub trait DeploymentFixture: Sized {
     /// A Deployment someone else made, controlled by something that is not
     /// a Foo, with one replica.
     /// The Deployment upstream's Go controller made for `foo`: as
-    /// [`DeploymentFixture::owned_by`], without our managed-by label.
+    /// [`DeploymentFixture::owned_by`], without labels of its own (upstream
+    /// labels only the selector and the pods).
     fn made_by_upstream(foo: &Foo) -> Self;
     fn foreign(name: &str) -> Self;
     fn replicas(self, replicas: i32) -> Self;
@@ -118,7 +118,7 @@ impl DeploymentFixture for Deployment {
 
     fn made_by_upstream(foo: &Foo) -> Self {
         let mut d = Self::owned_by(foo);
-        d.metadata.labels.as_mut().map(|l| l.remove(LABEL_MANAGED_BY));
+        d.metadata.labels = None;
         d
     }
 

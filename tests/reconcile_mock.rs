@@ -286,7 +286,7 @@ async fn the_first_sync_adopts_upstreams_deployments_with_one_list_and_a_label_p
     let foo = example_foo(2);
     let upstreams = Deployment::made_by_upstream(&foo).replicas(2).available(2);
     let mut adopted = upstreams.clone();
-    adopted.metadata.labels.as_mut().unwrap().insert("app.kubernetes.io/managed-by".into(), "sample-controller".into());
+    adopted.metadata.labels = Some([("app.kubernetes.io/managed-by".into(), "sample-controller".into())].into());
     adopted.metadata.resource_version = Some("201".into());
     let list = json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {},
         "items": [serde_json::to_value(PartialObjectMetaExt::into_response_partial::<Deployment>(upstreams.metadata.clone())).unwrap()] });
@@ -294,7 +294,7 @@ async fn the_first_sync_adopts_upstreams_deployments_with_one_list_and_a_label_p
     let mut mock = Mock::adopting(std::slice::from_ref(&foo), &[], true).await;
     let scenario = vec![
         expect(Method::GET, DEPLOYMENTS)
-            .query("labelSelector=app%3Dnginx%2Ccontroller%2C%21app.kubernetes.io%2Fmanaged-by")
+            .query("labelSelector=%21app.kubernetes.io%2Fmanaged-by")
             .reply(StatusCode::OK, list),
         adoption_patch().reply(StatusCode::OK, adopted),
         // No create attempt: the sync finds it adopted, and only writes status.

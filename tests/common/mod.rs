@@ -382,3 +382,39 @@ pub fn replicas(d: &Deployment) -> Option<i32> {
 pub async fn delete_deployment(ns: &TestNamespace, name: &str) {
     ns.api::<Deployment>().delete(name, &DeleteParams::default()).await.expect("delete deployment");
 }
+
+pub const AUDIT_LOG_ENV: &str = "SAMPLE_CONTROLLER_TEST_AUDIT_LOG";
+
+/// One request as the API server's audit log records it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Audited {
+    pub verb: String,
+    pub resource: String,
+    pub subresource: Option<String>,
+    pub name: Option<String>,
+}
+
+/// The requests clients whose User-Agent starts with `user_agent` made in
+/// `namespace`, from the audit log hack/test.sh has the API server write
+/// (one JSON line per request stage). Counting there sees every request a
+/// client makes, not only the ones a test expects.
+pub fn audited(namespace: &str, user_agent: &str) -> Vec<Audited> {
+    let path = std::env::var(AUDIT_LOG_ENV).unwrap_or_else(|_| {
+        panic!("{AUDIT_LOG_ENV} is not set: run the tests with hack/test.sh, whose control plane writes an audit log")
+    });
+    let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read the audit log {path}: {e}"));
+    log.lines()
+        .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
+        .filter(|e| e["stage"] == "ResponseComplete" && e["objectRef"]["namespace"] == namespace)
+        .filter(|e| e["userAgent"].as_str().is_some_and(|ua| ua.starts_with(user_agent)))
+        .map(|e| {
+            let text = |v: &serde_json::Value| v.as_str().map(str::to_owned);
+            Audited {
+                verb: text(&e["verb"]).unwrap_or_default(),
+                resource: text(&e["objectRef"]["resource"]).unwrap_or_default(),
+                subresource: text(&e["objectRef"]["subresource"]),
+                name: text(&e["objectRef"]["name"]),
+            }
+        })
+        .collect()
+}
