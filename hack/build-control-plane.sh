@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager and kube-scheduler from
-# the Go modules pinned in hack/tools/go.mod, and kwok from hack/tools/kwok,
+# the Go modules pinned in hack/tools/v$KUBE_MINOR/go.mod (lib.sh), and kwok
+# from hack/tools/kwok,
 # into $ASSETS_DIR (envtest's KUBEBUILDER_ASSETS layout). Only the Go module
 # proxy is used. A warm run (binaries present and built from the same go.sum
 # files) returns at once.
@@ -19,7 +20,7 @@ fi
 command -v go >/dev/null || die "Go is needed to build the test control plane (${PLANE_BINARIES[*]}); install Go >= 1.24 or set KUBEBUILDER_ASSETS"
 
 stamp="$ASSETS_DIR/.go.sum.sha256"
-want="$(cat "$REPO_ROOT/hack/tools/go.sum" "$REPO_ROOT/hack/tools/kwok/go.sum" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$TOOLS_DIR/go.sum" "$REPO_ROOT/hack/tools/kwok/go.sum" | sha256sum | cut -d' ' -f1)"
 all_built() {
   local b
   for b in "${PLANE_BINARIES[@]}"; do [[ -x "$ASSETS_DIR/$b" ]] || return 1; done
@@ -32,7 +33,7 @@ fi
 mkdir -p "$ASSETS_DIR"
 log "building the Kubernetes $KUBE_VERSION control plane into $ASSETS_DIR (first run only; ~15-25 min on 2 cores)"
 start=$SECONDS
-cd "$REPO_ROOT/hack/tools"
+cd "$TOOLS_DIR"
 # -trimpath and no VCS stamping: reproducible, and independent of where the
 # clone lives. CGO off: etcd and the Kubernetes servers are pure Go.
 export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false"
@@ -45,7 +46,7 @@ go build -trimpath -ldflags="$kube_ldflags" -o "$ASSETS_DIR/kube-apiserver" k8s.
 go build -trimpath -ldflags="$kube_ldflags" -o "$ASSETS_DIR/kube-controller-manager" k8s.io/kubernetes/cmd/kube-controller-manager
 go build -trimpath -ldflags="$kube_ldflags" -o "$ASSETS_DIR/kube-scheduler" k8s.io/kubernetes/cmd/kube-scheduler
 # kwok has a module of its own (see hack/tools/kwok/tools.go).
-(cd kwok && go build -trimpath -ldflags='-s -w' -o "$ASSETS_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
+(cd ../kwok && go build -trimpath -ldflags='-s -w' -o "$ASSETS_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
 echo "$want" > "$stamp"
 log "built in $((SECONDS - start))s"
 echo "$ASSETS_DIR"

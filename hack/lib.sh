@@ -3,7 +3,14 @@
 # Where the control-plane binaries live: envtest's layout (one directory
 # holding etcd, kube-apiserver, ...). A user who already has KUBEBUILDER_ASSETS
 # (for example from setup-envtest) gets that directory instead of a build.
-KUBE_VERSION="v1.34.4"
+#
+# KUBE_MINOR picks the Kubernetes minor: one folder per supported minor under
+# hack/tools (v1.35, v1.37) pins its patch release and the etcd it is tested
+# with. The newest is the default; the test command also runs on the oldest.
+KUBE_MINOR="${KUBE_MINOR:-1.37}"
+TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tools/v$KUBE_MINOR"
+[[ -f "$TOOLS_DIR/go.mod" ]] || { echo "KUBE_MINOR=$KUBE_MINOR: no hack/tools/v$KUBE_MINOR/go.mod (supported: $(cd "$(dirname "${BASH_SOURCE[0]}")/tools" && ls -d v1.* | tr '\n' ' '))" >&2; exit 1; }
+KUBE_VERSION="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$TOOLS_DIR/go.mod")"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_ROOT="${SAMPLE_CONTROLLER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sample-controller-rs}"
 if [[ -z "${KUBEBUILDER_ASSETS:-}" ]]; then

@@ -3,20 +3,27 @@
 # formatting, lints, generated files and the Dockerfile, run the unit and
 # mocked-API tests, build the image (offline, with buildah), then the
 # integration, image and chaos tests on a local control plane with kwok
-# nodes (built from Go modules on first use). Integration tests never skip:
-# if the control plane cannot be had, this fails saying why. The last line is
-# always `tests: N passed, M failed`, also when a step fails early.
+# nodes, once per Kubernetes minor in KUBE_MINORS (default: the newest and the
+# oldest supported, 1.37 and 1.35). The planes are built from Go modules on
+# first use, in the background while the Rust side builds and runs its unit
+# tests (the Go builds keep about one core busy). Integration tests never
+# skip: if a control plane cannot be had, this fails saying why. Every test
+# binary runs even when one fails; the last line is always `tests: N passed,
+# M failed`, also when a step fails early.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 start=$SECONDS
 step="starting"
 plane_up=false
+planes_pid=""
 results=""
+KUBE_MINORS="${KUBE_MINORS:-1.37 1.35}"
 
 summary() {
   local rc=$? passed=0 failed=0
   if $plane_up; then hack/local-down.sh || true; fi
+  if [[ -n "$planes_pid" ]]; then kill "$planes_pid" 2>/dev/null || true; fi
   if [[ -n "$results" && -f "$results" ]]; then
     passed=$(awk '{for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed;?$/) s+=$i} END {print s+0}' "$results")
     failed=$(awk '{for (i=1;i<=NF;i++) if ($(i+1) ~ /^failed;?$/) s+=$i} END {print s+0}' "$results")
@@ -35,10 +42,15 @@ results="$(mktemp)"
 
 run_tests() { # cargo test args...; keeps the summary lines for the total
   local rc=0
-  cargo test --locked "$@" 2>&1 | tee "$results.out" || rc=$?
+  cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$results.out" || rc=$?
   grep -E '^test result:' "$results.out" >> "$results" || true
   return "$rc"
 }
+
+planes_log="$(mktemp)"
+(for minor in $KUBE_MINORS; do KUBE_MINOR=$minor hack/build-control-plane.sh >/dev/null || exit 1; done) \
+  >"$planes_log" 2>&1 &
+planes_pid=$!
 
 step="1/6 build"; log "$step"
 cargo build --locked --all-targets
@@ -49,18 +61,38 @@ hack/verify-crds.sh
 step="3/6 Dockerfile lint"; log "$step"
 hack/lint-dockerfile.sh
 step="4/6 unit and mocked-API tests"; log "$step"
-run_tests --lib --bins --test reconcile_mock
+failing=() # steps whose tests failed; the rest still run
+run_tests --lib --bins --test reconcile_mock || failing+=("unit and mocked-API tests")
 
 step="5/6 the image, built from Dockerfile"; log "$step"
 image="$(hack/build-image.sh)"
 
-step="6/6 integration, image and chaos tests on a local control plane"; log "$step"
-# The chaos tests restart this plane's components through LOCAL_UP_DIR.
-export LOCAL_UP_DIR="$REPO_ROOT/.local/test-control-plane"
-plane_up=true
-up="$(hack/local-up.sh)" || die "the local control plane could not be started (see above); integration tests cannot run"
-eval "$up"
-kubectl apply -f crds/ >&2
-kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >&2
-SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_IMAGE="$image" run_tests --test 'e2e_*' -- --show-output
+step="6/6 integration, image and chaos tests on local control planes ($KUBE_MINORS)"; log "$step"
+if ! wait "$planes_pid"; then
+  planes_pid=""
+  cat "$planes_log" >&2
+  die "the control plane could not be built (see above); integration tests cannot run"
+fi
+planes_pid=""
+for minor in $KUBE_MINORS; do
+  step="6/6 integration tests on Kubernetes $minor"; log "$step"
+  # The chaos tests restart this plane's components through LOCAL_UP_DIR;
+  # tests count requests in its audit log.
+  export KUBE_MINOR=$minor LOCAL_UP_DIR="$REPO_ROOT/.local/test-control-plane-$minor"
+  export LOCAL_UP_AUDIT_LOG="$LOCAL_UP_DIR/audit.log"
+  plane_up=true
+  up="$(hack/local-up.sh)" || die "the Kubernetes $minor control plane could not be started (see above); integration tests cannot run"
+  eval "$up"
+  kubectl apply -f crds/ >&2
+  kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >&2
+  SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG" \
+    SAMPLE_CONTROLLER_TEST_IMAGE="$image" run_tests --test 'e2e_*' -- --show-output ||
+    failing+=("integration tests on Kubernetes $minor")
+  hack/local-down.sh
+  plane_up=false
+done
 step="done"
+if (( ${#failing[@]} )); then
+  step="${failing[*]}"
+  exit 1
+fi
