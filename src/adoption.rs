@@ -46,13 +46,19 @@ impl Adoption {
     }
 
     /// Run the pass unless it ran; `foo_uid` answers with the uid of a
-    /// cached Foo. Adopted Deployments are handed to `adopted` (for the
+    /// cached Foo, `may_write` whether this replica may still write (leader
+    /// election). Adopted Deployments are handed to `adopted` (for the
     /// cache) as the API server returned them.
-    pub async fn ensure(&self, foo_uid: impl Fn(&ObjectRef<Foo>) -> Option<String>, adopted: impl Fn(DeploymentView)) {
+    pub async fn ensure(
+        &self,
+        foo_uid: impl Fn(&ObjectRef<Foo>) -> Option<String>,
+        may_write: impl Fn() -> bool,
+        adopted: impl Fn(DeploymentView),
+    ) {
         self.done
             .get_or_init(|| async {
                 let Some(api) = &self.deployments else { return };
-                match self.run(api, &foo_uid, &adopted).await {
+                match self.run(api, &foo_uid, &may_write, &adopted).await {
                     Ok(0) => {}
                     Ok(n) => info!(deployments = n, "adopted Deployments made by an earlier controller"),
                     // Not fatal: a sync still adopts each Deployment it meets,
@@ -67,6 +73,7 @@ impl Adoption {
         &self,
         api: &Api<Deployment>,
         foo_uid: &impl Fn(&ObjectRef<Foo>) -> Option<String>,
+        may_write: &impl Fn() -> bool,
         adopted: &impl Fn(DeploymentView),
     ) -> kube::Result<usize> {
         let candidates = api.list_metadata(&ListParams::default().labels(&unmanaged_selector())).await?;
@@ -74,6 +81,9 @@ impl Adoption {
             candidates.items.iter().filter_map(|d| Some((d.namespace()?, adoption_patch(d, foo_uid)?))).collect();
         let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
         let count = futures::stream::iter(patches)
+            // No longer leading: the syncs fail on their own checks, and the
+            // next leader's pass adopts what is left.
+            .take_while(|_| std::future::ready(may_write()))
             .map(|(namespace, patch)| {
                 let api: Api<Deployment> = Api::namespaced(api.clone().into_client(), &namespace);
                 let pp = &pp;

@@ -14,7 +14,7 @@ use crate::cli::Cli;
 use crate::client;
 use crate::controller::{self, Context, Settings};
 use crate::http::{self, Readiness};
-use crate::leader::{Elector, LeaderConfig, default_identity};
+use crate::leader::{Elector, Fence, LeaderConfig, default_identity};
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
@@ -77,7 +77,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     let instance = Some(identity.clone());
 
     if !cli.leader_elect {
-        run_controller(&client, &settings, &metrics, instance, &readiness, shutdown).await;
+        run_controller(&client, &settings, &metrics, instance, None, &readiness, shutdown).await;
         return Ok(());
     }
 
@@ -101,7 +101,7 @@ pub async fn run(cli: Cli) -> Result<()> {
     metrics.set_leader(&lease, true);
     let result = tokio::select! {
         // Graceful shutdown: in-flight syncs finished, then hand over.
-        _ = run_controller(&client, &settings, &metrics, instance, &readiness, shutdown) => {
+        _ = run_controller(&client, &settings, &metrics, instance, Some(elector.fence()), &readiness, shutdown) => {
             elector.release().await;
             Ok(())
         }
@@ -122,11 +122,12 @@ async fn run_controller(
     settings: &Settings,
     metrics: &Arc<Metrics>,
     instance: Option<String>,
+    fence: Option<Arc<Fence>>,
     readiness: &Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (controller, caches) = controller::build(client, settings, metrics.queue.clone());
-    let ctx = Arc::new(Context::new(client.clone(), caches.clone(), metrics.clone(), instance));
+    let ctx = Arc::new(Context::new(client.clone(), caches.clone(), metrics.clone(), instance, fence));
     readiness.controller_starting();
     let readiness = readiness.clone();
     let synced = tokio::spawn(async move {

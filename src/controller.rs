@@ -28,6 +28,7 @@ use crate::decision::{DeploymentAction, Outcome, Plan, decide};
 use crate::deployment::{DeploymentView, managed_selector};
 use crate::events::Publisher;
 use crate::foo::Foo;
+use crate::leader::Fence;
 use crate::metrics::Metrics;
 use crate::workqueue::Workqueue;
 use crate::{Error, Result};
@@ -57,10 +58,11 @@ impl Caches {
     /// Resolves once the caches are synced and the Deployments our Foos
     /// control all carry our label (the adoption pass ran): until then a
     /// Deployment would look missing.
-    async fn ready(&self) {
+    async fn ready(&self, fence: Option<&Fence>) {
         self.synced().await;
         let foo_uid = |foo: &ObjectRef<Foo>| self.foos.get(foo).and_then(|f| f.uid());
-        self.adoption.ensure(foo_uid, |adopted| self.deployments.wrote(None, Some(adopted))).await;
+        let may_write = || fence.is_none_or(Fence::holds);
+        self.adoption.ensure(foo_uid, may_write, |adopted| self.deployments.wrote(None, Some(adopted))).await;
     }
 }
 
@@ -70,16 +72,33 @@ pub struct Context {
     pub caches: Caches,
     pub events: Publisher,
     pub metrics: Arc<Metrics>,
+    /// Under leader election: whether this replica may still write.
+    fence: Option<Arc<Fence>>,
     /// Consecutive failures per Foo, for exponential backoff; cleared by the
     /// next successful sync.
     failures: Mutex<HashMap<ObjectRef<Foo>, u32>>,
 }
 
 impl Context {
-    /// `instance` is the Events' `reportingInstance`.
-    pub fn new(client: Client, caches: Caches, metrics: Arc<Metrics>, instance: Option<String>) -> Self {
-        let events = Publisher::start(client.clone(), instance);
-        Context { client, caches, events, metrics, failures: Mutex::default() }
+    /// `instance` is the Events' `reportingInstance`; a `fence`, under
+    /// leader election, is checked before every write.
+    pub fn new(
+        client: Client,
+        caches: Caches,
+        metrics: Arc<Metrics>,
+        instance: Option<String>,
+        fence: Option<Arc<Fence>>,
+    ) -> Self {
+        let events = Publisher::start(client.clone(), instance, fence.clone());
+        Context { client, caches, events, metrics, fence, failures: Mutex::default() }
+    }
+
+    /// `Err` once this replica may no longer write as the leader.
+    fn may_write(&self, target: &Target) -> Result<()> {
+        match &self.fence {
+            Some(fence) if !fence.holds() => Err(Error::NotLeading { foo: target.key.clone() }),
+            _ => Ok(()),
+        }
     }
 
     /// The delay before the next retry of `foo`, counting this failure.
@@ -326,7 +345,7 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     // If the cache has not yet seen our last status write, use what it returned.
     let foo = ctx.caches.foos.latest(foo);
     let target = Target::of(&foo)?;
-    ctx.caches.ready().await;
+    ctx.caches.ready(ctx.fence.as_deref()).await;
     let name = &foo.spec.deployment_name;
     let current = (!name.is_empty())
         .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
@@ -393,6 +412,9 @@ async fn write_deployment(
     current: Option<&DeploymentView>,
     ctx: &Context,
 ) -> Result<Written> {
+    if *action != DeploymentAction::None {
+        ctx.may_write(target)?;
+    }
     let written = match action {
         DeploymentAction::None => return Ok(Written::Done),
         DeploymentAction::Create(d) => {
@@ -428,6 +450,7 @@ async fn delete_stale(
     ctx: &Context,
 ) -> Result<()> {
     for stale in &plan.delete {
+        ctx.may_write(target)?;
         let dp = DeleteParams {
             preconditions: Some(Preconditions { uid: stale.uid.clone(), resource_version: None }),
             ..DeleteParams::background()
@@ -448,6 +471,7 @@ async fn delete_stale(
 /// Write the plan's status, if any, through the status subresource.
 async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) -> Result<()> {
     let Some(status) = &plan.status else { return Ok(()) };
+    ctx.may_write(target)?;
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
     let patch = json!({ "status": status });
     match foos.patch_status(&target.name, &field_manager(), &Patch::Merge(&patch)).await {

@@ -13,7 +13,7 @@
 //! after more than that many others starts a new Event instead of a series
 //! (same number of requests; `kubectl describe` lists it twice).
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
@@ -21,10 +21,11 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::constants::{ACTION_RECONCILE, CONTROLLER_NAME};
 use crate::decision::EventSpec;
+use crate::leader::Fence;
 
 /// Events waiting to be sent. client-go's broadcaster queues 1000 and drops
 /// the rest; at ten thousand new Foos at once (a restore, the benchmark's
@@ -43,20 +44,31 @@ pub struct Publisher {
 
 impl Publisher {
     /// Start the background sender. `instance` is the Events'
-    /// `reportingInstance` (the leader-election identity).
-    pub fn start(client: Client, instance: Option<String>) -> Self {
-        Self::start_remembering(client, instance, REMEMBERED)
+    /// `reportingInstance` (the leader-election identity); under leader
+    /// election, an event is sent only while `fence` holds.
+    pub fn start(client: Client, instance: Option<String>, fence: Option<Arc<Fence>>) -> Self {
+        Self::start_remembering(client, instance, fence, REMEMBERED)
     }
 
-    fn start_remembering(client: Client, instance: Option<String>, remembered: usize) -> Self {
+    fn start_remembering(
+        client: Client,
+        instance: Option<String>,
+        fence: Option<Arc<Fence>>,
+        remembered: usize,
+    ) -> Self {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance };
-        let (tx, mut rx) = mpsc::channel(QUEUE);
+        let (tx, mut rx) = mpsc::channel::<(EventSpec, ObjectReference)>(QUEUE);
         // One at a time, as client-go's broadcaster sends: events never crowd
         // out the syncs' own writes at the API server.
         let task = tokio::spawn(async move {
             let mut recorder = Recorder::new(client.clone(), reporter.clone());
             let mut sent = 0;
             while let Some((ev, regarding)) = rx.recv().await {
+                if fence.as_ref().is_some_and(|f| !f.holds()) {
+                    // A paused leader's queue: a standby may lead by now.
+                    debug!(reason = ev.reason, "not leading any more; event dropped");
+                    continue;
+                }
                 if sent == remembered {
                     recorder = Recorder::new(client.clone(), reporter.clone());
                     sent = 0;
@@ -159,7 +171,7 @@ mod tests {
     #[tokio::test]
     async fn a_repeated_event_joins_its_series_until_the_recorder_is_replaced() {
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let publisher = Publisher::start_remembering(Client::new(service, "default"), None, 2);
+        let publisher = Publisher::start_remembering(Client::new(service, "default"), None, None, 2);
         for name in ["a", "a", "b", "a"] {
             publisher.publish(synced(), foo(name));
         }

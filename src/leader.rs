@@ -14,6 +14,7 @@
 //! leadership.
 
 use std::pin::pin;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -50,17 +51,50 @@ pub enum Lost {
     RenewDeadline,
 }
 
+/// Whether this replica may still write as the leader: until the renew
+/// deadline after the start of its last successful acquire or renewal. A
+/// standby takes over only a lease duration (longer) after it saw that
+/// renewal, so a write allowed here never meets another leader's. Checked
+/// before every write: a leader that was paused past its deadline (a
+/// stopped process, a frozen VM) writes nothing when it resumes, even before
+/// its elector has noticed and the process has exited.
+#[derive(Debug)]
+pub struct Fence {
+    valid_until: Mutex<Option<Instant>>,
+}
+
+impl Fence {
+    fn new() -> Self {
+        Fence { valid_until: Mutex::new(None) }
+    }
+
+    /// True while the last renewal is within the renew deadline.
+    pub fn holds(&self) -> bool {
+        self.valid_until.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|until| Instant::now() < until)
+    }
+
+    fn renewed(&self, attempt: Instant, deadline: Duration) {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(attempt + deadline);
+    }
+}
+
 /// One candidate for the Lease.
 pub struct Elector {
     api: Api<Lease>,
     cfg: LeaderConfig,
+    fence: Arc<Fence>,
     /// The last Lease record seen and when it was first seen, on our clock.
     observed: Option<(Option<String>, Option<MicroTime>, Instant)>,
 }
 
 impl Elector {
     pub fn new(client: Client, cfg: LeaderConfig) -> Self {
-        Elector { api: Api::namespaced(client, &cfg.namespace), cfg, observed: None }
+        Elector { api: Api::namespaced(client, &cfg.namespace), cfg, fence: Arc::new(Fence::new()), observed: None }
+    }
+
+    /// The fence this elector keeps up to date while it leads.
+    pub fn fence(&self) -> Arc<Fence> {
+        self.fence.clone()
     }
 
     pub fn identity(&self) -> &str {
@@ -74,8 +108,10 @@ impl Elector {
         let mut changes = pin!(lease_changes(self.api.clone(), wc));
         info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "waiting to lead");
         loop {
+            let attempt = Instant::now();
             match self.try_acquire_or_renew().await {
                 Ok(true) => {
+                    self.fence.renewed(attempt, self.cfg.renew_deadline);
                     info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "leading");
                     return;
                 }
@@ -98,7 +134,10 @@ impl Elector {
             let attempt = Instant::now();
             let left = self.cfg.renew_deadline.saturating_sub(attempt - last_renew);
             match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
-                Ok(Ok(true)) => last_renew = attempt,
+                Ok(Ok(true)) => {
+                    last_renew = attempt;
+                    self.fence.renewed(attempt, self.cfg.renew_deadline);
+                }
                 Ok(Ok(false)) => {
                     let holder = self.observed.as_ref().and_then(|o| o.0.clone()).unwrap_or_default();
                     return Lost::TakenOver(holder);
@@ -242,4 +281,21 @@ pub fn default_identity() -> String {
     let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "sample-controller".into());
     let nanos = Timestamp::now().as_nanosecond();
     format!("{host}_{:x}{:x}", std::process::id(), nanos & 0xffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fence_holds_from_a_renewal_until_the_renew_deadline() {
+        let fence = Fence::new();
+        assert!(!fence.holds(), "not before the first acquire");
+        fence.renewed(Instant::now(), Duration::from_millis(50));
+        assert!(fence.holds());
+        std::thread::sleep(Duration::from_millis(60));
+        assert!(!fence.holds(), "past the deadline, as a paused leader is when it resumes");
+        fence.renewed(Instant::now(), Duration::from_secs(10));
+        assert!(fence.holds());
+    }
 }

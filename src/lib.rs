@@ -74,6 +74,12 @@ pub enum Error {
     #[error("lost the lease {lease}: {reason}")]
     LostLease { lease: String, reason: leader::Lost },
 
+    /// This replica led, but has not renewed its Lease within the renew
+    /// deadline (it was paused, or cut off): it writes nothing more, as a
+    /// standby may lead by now. Its elector ends the process next.
+    #[error("Foo {foo}: not written: this replica's lease renewal is past its deadline")]
+    NotLeading { foo: String },
+
     /// A listener for metrics or probes could not be bound.
     #[error("cannot serve HTTP on {addr}: {source}")]
     Http {

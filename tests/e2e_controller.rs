@@ -277,7 +277,7 @@ async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overw
         let (client, metrics) = (ns.client.clone(), metrics.clone());
         async move {
             let caches = caches_holding(std::slice::from_ref(&foo), &cached).await;
-            let ctx = std::sync::Arc::new(Context::new(client, caches, metrics, None));
+            let ctx = std::sync::Arc::new(Context::new(client, caches, metrics, None, None));
             sample_controller::controller::reconcile(std::sync::Arc::new(foo), ctx).await
         }
     };

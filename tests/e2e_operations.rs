@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -80,8 +79,7 @@ async fn sigterm_releases_the_lease_and_the_standby_leads_at_once() {
     let (mut leaving, staying) = if leader == 0 { (a, b) } else { (b, a) };
     let old = holder(&ns).await.unwrap();
 
-    let pid = leaving.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    signal(&leaving, "-TERM");
     let status = leaving.child.wait().unwrap();
     let exited = Instant::now();
     assert!(status.success(), "graceful shutdown must exit 0, got {status}");

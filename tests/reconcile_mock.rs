@@ -116,7 +116,7 @@ impl Mock {
         if adopt {
             caches.adoption = Arc::new(Adoption::new(Api::namespaced(client.clone(), "default"), 1));
         }
-        Mock { ctx: Arc::new(Context::new(client, caches, Arc::new(Metrics::new()), None)), handle }
+        Mock { ctx: Arc::new(Context::new(client, caches, Arc::new(Metrics::new()), None, None)), handle }
     }
 
     /// Run one sync of `foo` against `scenario`; return its result once

@@ -196,7 +196,7 @@ pub fn start_controller(client: Client, namespace: Option<&str>) -> RunningContr
     let metrics = Arc::new(Metrics::new());
     let settings = Settings { namespace: namespace.map(str::to_owned), workers: 2 };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
-    let ctx = Arc::new(Context::new(client.clone(), caches, metrics.clone(), Some("integration-test".into())));
+    let ctx = Arc::new(Context::new(client.clone(), caches, metrics.clone(), Some("integration-test".into()), None));
     let task = tokio::spawn(controller::run(controller, ctx, futures::future::pending()));
     RunningController { task, metrics }
 }
@@ -237,6 +237,12 @@ impl Drop for Operator {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// Send `signal` (`-TERM`, `-STOP`, `-CONT`) to the operator process.
+pub fn signal(op: &Operator, signal: &str) {
+    let pid = op.child.id().to_string();
+    assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success(), "kill {signal} {pid}");
 }
 
 /// Lease timings short enough for tests: 5 s lease, 3 s renew deadline,
@@ -388,6 +394,10 @@ pub const AUDIT_LOG_ENV: &str = "SAMPLE_CONTROLLER_TEST_AUDIT_LOG";
 /// One request as the API server's audit log records it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Audited {
+    /// Who, as the API server saw it: the impersonated user if any.
+    pub user: String,
+    /// When the API server received it.
+    pub at: k8s_openapi::jiff::Timestamp,
     pub verb: String,
     pub resource: String,
     pub subresource: Option<String>,
@@ -399,17 +409,33 @@ pub struct Audited {
 /// (one JSON line per request stage). Counting there sees every request a
 /// client makes, not only the ones a test expects.
 pub fn audited(namespace: &str, user_agent: &str) -> Vec<Audited> {
+    audit_log(|e| {
+        e["objectRef"]["namespace"] == namespace && e["userAgent"].as_str().is_some_and(|ua| ua.starts_with(user_agent))
+    })
+}
+
+/// Every request `user` made (or someone impersonating it), in any namespace.
+pub fn audited_as(user: &str) -> Vec<Audited> {
+    audit_log(|e| e["impersonatedUser"]["username"] == user || e["user"]["username"] == user)
+}
+
+fn audit_log(keep: impl Fn(&serde_json::Value) -> bool) -> Vec<Audited> {
     let path = std::env::var(AUDIT_LOG_ENV).unwrap_or_else(|_| {
         panic!("{AUDIT_LOG_ENV} is not set: run the tests with hack/test.sh, whose control plane writes an audit log")
     });
     let log = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read the audit log {path}: {e}"));
+    let mut seen = std::collections::HashSet::new();
     log.lines()
         .filter_map(|line| serde_json::from_str::<serde_json::Value>(line).ok())
-        .filter(|e| e["stage"] == "ResponseComplete" && e["objectRef"]["namespace"] == namespace)
-        .filter(|e| e["userAgent"].as_str().is_some_and(|ua| ua.starts_with(user_agent)))
+        // Once per request: when complete, or a watch when it started.
+        .filter(|e| e["stage"] == "ResponseComplete" || e["stage"] == "ResponseStarted")
+        .filter(|e| keep(e) && seen.insert(e["auditID"].as_str().unwrap_or_default().to_owned()))
         .map(|e| {
             let text = |v: &serde_json::Value| v.as_str().map(str::to_owned);
+            let user = text(&e["impersonatedUser"]["username"]).or_else(|| text(&e["user"]["username"]));
             Audited {
+                user: user.unwrap_or_default(),
+                at: e["requestReceivedTimestamp"].as_str().and_then(|t| t.parse().ok()).unwrap_or_default(),
                 verb: text(&e["verb"]).unwrap_or_default(),
                 resource: text(&e["objectRef"]["resource"]).unwrap_or_default(),
                 subresource: text(&e["objectRef"]["subresource"]),
