@@ -6,10 +6,11 @@
 
 mod common;
 
+use std::collections::BTreeSet;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::leader::{Elector, LeaderConfig};
@@ -19,13 +20,72 @@ use serde_json::json;
 const NS: &str = "sample-controller";
 const SA: &str = "sample-controller";
 
+const SA_USER: &str = "system:serviceaccount:sample-controller:sample-controller";
+
+/// `kubectl auth can-i` as the ServiceAccount: yes or no, and nothing else
+/// (an error is not a "no").
 fn can_i(args: &[&str]) -> bool {
-    let who = format!("--as=system:serviceaccount:{NS}:{SA}");
+    let who = format!("--as={SA_USER}");
     let mut all = vec!["auth", "can-i", who.as_str()];
     all.extend_from_slice(args);
     let out = kubectl(&all);
-    String::from_utf8_lossy(&out.stdout).trim() == "yes"
+    match String::from_utf8_lossy(&out.stdout).trim() {
+        "yes" => true,
+        "no" => false,
+        other => panic!("kubectl auth can-i {args:?}: {other:?}, {}", String::from_utf8_lossy(&out.stderr)),
+    }
 }
+
+/// What `user` may do on resources in `namespace`, from `kubectl auth
+/// can-i --list`: "resource verb" pairs.
+fn granted_to(user: &str, namespace: &str) -> BTreeSet<String> {
+    let who = format!("--as={user}");
+    let list = kubectl_ok(&["auth", "can-i", "--list", &who, "-n", namespace]);
+    let mut granted = BTreeSet::new();
+    for line in list.lines().skip(1) {
+        let resource = line.split_whitespace().next().unwrap_or_default();
+        if resource.is_empty() || resource.starts_with('[') {
+            continue; // a non-resource URL
+        }
+        let verbs = &line[line.rfind('[').unwrap_or(0)..];
+        for verb in verbs.trim_matches(|c| c == '[' || c == ']').split_whitespace() {
+            granted.insert(format!("{resource} {verb}"));
+        }
+    }
+    granted
+}
+
+/// What the ServiceAccount may do in `namespace` beyond what every
+/// ServiceAccount may (self-reviews, and what each Kubernetes minor grants
+/// all authenticated users): what deploy/ grants.
+fn granted(namespace: &str) -> BTreeSet<String> {
+    let everyone = granted_to("system:serviceaccount:default:no-bindings", namespace);
+    assert!(everyone.contains("selfsubjectaccessreviews.authorization.k8s.io create"), "{everyone:?}");
+    granted_to(SA_USER, namespace).difference(&everyone).cloned().collect()
+}
+
+/// deploy/'s grants, exactly: README's RBAC section.
+const CONTROLLER: [&str; 12] = [
+    "deployments.apps create",
+    "deployments.apps delete",
+    "deployments.apps get",
+    "deployments.apps list",
+    "deployments.apps patch",
+    "deployments.apps watch",
+    "events.events.k8s.io create",
+    "events.events.k8s.io patch",
+    "foos.samplecontroller.k8s.io list",
+    "foos.samplecontroller.k8s.io watch",
+    "foos.samplecontroller.k8s.io/finalizers update",
+    "foos.samplecontroller.k8s.io/status patch",
+];
+const LEADER_ELECTION: [&str; 5] = [
+    "leases.coordination.k8s.io create",
+    "leases.coordination.k8s.io get",
+    "leases.coordination.k8s.io list",
+    "leases.coordination.k8s.io update",
+    "leases.coordination.k8s.io watch",
+];
 
 /// `kubectl apply -f deploy/`, once for all the tests here.
 fn installed() {
@@ -78,33 +138,51 @@ async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() 
 }
 
 #[tokio::test]
-async fn the_service_account_can_run_the_whole_controller() {
+async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it_is_granted() {
     installed();
     // Watching all namespaces, as deployed.
     let controller = start_controller(service_account_client(NS, SA).await, None);
     let ns = TestNamespace::new("rbac").await;
     let foos: Api<Foo> = ns.api();
-    foos.create(
-        &PostParams::default(),
-        &Foo::new("example-foo", FooSpec { deployment_name: "first".into(), replicas: Some(1) }),
-    )
-    .await
+    let new_foo = |name: &str, deployment: &str| {
+        Foo::new(name, FooSpec { deployment_name: deployment.into(), replicas: Some(1) })
+    };
+    // A Deployment of someone else's under the name a Foo asks for: the
+    // create meets it and reads it (get), and refuses.
+    let theirs: Deployment = serde_json::from_value(json!({
+        "metadata": { "name": "taken" },
+        "spec": { "replicas": 0, "selector": { "matchLabels": { "app": "other" } },
+            "template": { "metadata": { "labels": { "app": "other" } },
+                "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] } } }
+    }))
     .unwrap();
+    ns.api::<Deployment>().create(&PostParams::default(), &theirs).await.unwrap();
+    foos.create(&PostParams::default(), &new_foo("blocked", "taken")).await.unwrap();
+    wait_until("the refusal", TIMEOUT, || async {
+        ns.events_for("blocked").await.into_iter().find(|e| e.starts_with("Warning ErrResourceExists"))
+    })
+    .await;
+
     // Create (with blockOwnerDeletion, which OwnerReferencesPermissionEnforcement
-    // checks against foos/finalizers), status, events.
+    // checks against foos/finalizers), status, events; the pod available:
+    // status again, and the Synced event repeated into a series (patch).
+    foos.create(&PostParams::default(), &new_foo("example-foo", "first")).await.unwrap();
     wait_until("status written by the ServiceAccount", TIMEOUT, || async {
         let foo = foos.get("example-foo").await.ok()?;
         (foo.status?.available_replicas == 1).then_some(())
     })
     .await;
-    wait_until("a Synced event", TIMEOUT, || async {
-        ns.events_for("example-foo").await.into_iter().find(|e| e.starts_with("Normal Synced"))
+    // Replicas alone: a Deployment patch.
+    let scale = json!({ "spec": { "replicas": 2 } });
+    foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    wait_until("the Deployment scaled to 2", TIMEOUT, || async {
+        deployment(&ns, "first").await.filter(|d| replicas(d) == Some(2))
     })
     .await;
-    // Patch replicas, then rename: delete of the old Deployment.
-    let patch = json!({ "spec": { "replicas": 2, "deploymentName": "second" } });
-    foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&patch)).await.unwrap();
-    wait_until("the renamed Deployment with 2 replicas, the old one gone", TIMEOUT, || async {
+    // The rename: a create and the old Deployment's delete.
+    let rename = json!({ "spec": { "deploymentName": "second" } });
+    foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&rename)).await.unwrap();
+    wait_until("the renamed Deployment, the old one gone", TIMEOUT, || async {
         let new = deployment(&ns, "second").await?;
         (replicas(&new) == Some(2) && deployment(&ns, "first").await.is_none()).then_some(())
     })
@@ -114,31 +192,72 @@ async fn the_service_account_can_run_the_whole_controller() {
         (foo.status.as_ref()?.available_replicas == 2).then_some(foo)
     })
     .await;
-    assert_eq!(foo.status.unwrap().observed_generation, Some(2));
+    assert_eq!(foo.status.unwrap().observed_generation, Some(3));
     // (Not the global error counter: this controller also sees Foos that
     // other test binaries left in namespaces being deleted.)
     let warnings: Vec<_> =
         ns.events_for("example-foo").await.into_iter().filter(|e| e.starts_with("Warning")).collect();
     assert!(warnings.is_empty(), "{warnings:?}");
     drop(controller);
+
+    // The leader-election Lease in its namespace: the leader creates it,
+    // a standby lists and watches it while waiting, the leader's release
+    // (an update) hands it over at once.
+    let candidate = |identity: &'static str| async move {
+        Elector::new(
+            service_account_client(NS, SA).await,
+            LeaderConfig {
+                lease_name: "rbac-test".into(),
+                namespace: NS.into(),
+                identity: identity.into(),
+                lease_duration: Duration::from_secs(15),
+                renew_deadline: Duration::from_secs(10),
+                retry_period: Duration::from_secs(2),
+            },
+        )
+    };
+    let mut leader = candidate("rbac-test-leader").await;
+    tokio::time::timeout(TIMEOUT, leader.acquire()).await.expect("acquire the lease as the ServiceAccount");
+    let mut standby = candidate("rbac-test-standby").await;
+    let waiting = tokio::spawn(async move {
+        tokio::time::timeout(TIMEOUT, standby.acquire()).await.expect("the standby takes over");
+        standby.release().await;
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    leader.release().await;
+    waiting.await.unwrap();
+
+    // Every verb granted was used, as the API server's audit log shows. Not
+    // foos/finalizers: an admission check on the Deployment create, never a
+    // request of its own (the creates above would have been refused).
+    let used: BTreeSet<String> = audited_as(SA_USER)
+        .into_iter()
+        .map(|r| format!("{}{} {}", r.resource, r.subresource.map(|s| format!("/{s}")).unwrap_or_default(), r.verb))
+        .collect();
+    let unused: Vec<_> = CONTROLLER
+        .iter()
+        .chain(&LEADER_ELECTION)
+        .filter(|grant| !grant.contains("/finalizers") && !used.contains(&as_audited(grant)))
+        .collect();
+    assert!(unused.is_empty(), "granted but never used by the ServiceAccount: {unused:?}\nused: {used:?}");
+}
+
+/// A grant as the audit log names it: "deployments.apps patch" is
+/// "deployments patch", "foos.samplecontroller.k8s.io/status patch" is
+/// "foos/status patch".
+fn as_audited(grant: &str) -> String {
+    let (resource, verb) = grant.split_once(' ').unwrap();
+    let (name, sub) = resource.split_once('/').map_or((resource, None), |(n, s)| (n, Some(s)));
+    let plain = name.split('.').next().unwrap();
+    format!("{plain}{} {verb}", sub.map(|s| format!("/{s}")).unwrap_or_default())
 }
 
 #[tokio::test]
-async fn the_service_account_can_hold_the_leader_lease_in_its_namespace() {
+async fn the_service_account_is_granted_exactly_what_the_readme_lists() {
     installed();
-    let mut elector = Elector::new(
-        service_account_client(NS, SA).await,
-        LeaderConfig {
-            lease_name: "rbac-test".into(),
-            namespace: NS.into(),
-            identity: "rbac-test-candidate".into(),
-            lease_duration: Duration::from_secs(15),
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        },
-    );
-    tokio::time::timeout(TIMEOUT, elector.acquire()).await.expect("acquire the lease as the ServiceAccount");
-    elector.release().await;
+    let want = |sets: &[&[&str]]| sets.concat().into_iter().map(str::to_owned).collect();
+    assert_eq!(granted("default"), want(&[&CONTROLLER]), "in any namespace");
+    assert_eq!(granted(NS), want(&[&CONTROLLER, &LEADER_ELECTION]), "in its own namespace");
 }
 
 #[tokio::test]
@@ -146,6 +265,7 @@ async fn the_service_account_has_the_verbs_the_controller_uses() {
     installed();
     let missing: Vec<_> = [
         &["list", "foos.samplecontroller.k8s.io", "-A"][..],
+        &["patch", "deployments.apps", "-n", "default"],
         &["watch", "deployments.apps", "-A"],
         &["patch", "foos.samplecontroller.k8s.io", "--subresource=status", "-n", "default"],
         &["create", "events.events.k8s.io", "-n", "default"],
@@ -163,6 +283,7 @@ async fn the_service_account_has_no_verb_the_controller_does_not_use() {
     let extra: Vec<_> = [
         &["update", "deployments.apps", "-n", "default"][..],
         &["delete", "foos.samplecontroller.k8s.io", "-n", "default"],
+        &["get", "foos.samplecontroller.k8s.io", "-n", "default"],
         &["create", "foos.samplecontroller.k8s.io", "-n", "default"],
         &["update", "foos.samplecontroller.k8s.io", "-n", "default"],
         &["get", "secrets", "-n", NS],
