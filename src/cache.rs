@@ -390,11 +390,13 @@ mod tests {
     #[tokio::test]
     async fn latest_prefers_what_the_watch_delivered_since_over_a_stale_copy() {
         // A sync was handed the Foo before our status write; by the time it
-        // runs, the watch has delivered the write (and cleared our record).
+        // runs, the watch has delivered our write and an edit after it.
         let before = Foo::test("f");
-        let mut after = before.clone();
-        after.metadata.resource_version = Some("101".into());
-        after.status = Some(crate::FooStatus { available_replicas: 1, ..Default::default() });
+        let mut ours = before.clone();
+        ours.metadata.resource_version = Some("101".into());
+        ours.status = Some(crate::FooStatus { available_replicas: 1, ..Default::default() });
+        let mut edited = ours.clone();
+        edited.metadata.resource_version = Some("102".into());
         let (cache, writer) = Cache::new(trim_foo);
         let (events, stream) = futures::channel::mpsc::unbounded();
         let drained = tokio::spawn(cache.reflect(writer, stream).for_each(|_| async {}));
@@ -402,11 +404,14 @@ mod tests {
             events.unbounded_send(Ok(event)).unwrap();
         }
         cache.synced().await;
-        cache.wrote(Some(&before), Some(after.clone()));
-        events.unbounded_send(Ok(watcher::Event::Apply(after.clone()))).unwrap();
+        cache.wrote(Some(&before), Some(ours.clone()));
+        assert_eq!(cache.latest(Arc::new(before.clone())).resource_version().as_deref(), Some("101"), "our write");
+        events.unbounded_send(Ok(watcher::Event::Apply(ours))).unwrap();
+        events.unbounded_send(Ok(watcher::Event::Apply(edited))).unwrap();
         drop(events);
         drained.await.unwrap();
-        assert_eq!(cache.latest(Arc::new(before)).resource_version().as_deref(), Some("101"));
+        assert_eq!(cache.latest(Arc::new(before)).resource_version().as_deref(), Some("102"), "the watch's newer one");
+        assert!(cache.written().entries.is_empty(), "the watch delivered our write: the record is gone");
     }
 
     #[tokio::test]

@@ -73,3 +73,50 @@ where
             .boxed()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::metric_value;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A one-request HTTP server on loopback: answers 200 and hands back
+    /// the request head it read.
+    async fn one_request_server() -> (String, tokio::task::JoinHandle<String>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let served = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = conn.read(&mut buf).await.unwrap();
+                head.extend_from_slice(&buf[..n]);
+            }
+            conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await.unwrap();
+            String::from_utf8_lossy(&head).into_owned()
+        });
+        (addr, served)
+    }
+
+    #[tokio::test]
+    async fn every_request_names_the_operator_and_is_counted_by_code_and_method() {
+        let (addr, served) = one_request_server().await;
+        let requests = Family::<RestLabels, Counter>::default();
+        let client = build(Config::new(format!("http://{addr}").parse().unwrap()), requests.clone()).unwrap();
+        let get = || http::Request::get("/healthz").body(Vec::new()).unwrap();
+        assert_eq!(client.request_text(get()).await.unwrap(), "ok");
+        let head = served.await.unwrap().to_ascii_lowercase();
+        assert!(head.contains(&format!("\r\nuser-agent: {USER_AGENT}\r\n")), "{head}");
+        // The server is gone: no response, counted as client-go does.
+        assert!(client.request_text(get()).await.is_err());
+
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("rest_client_requests", "", requests);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        let series = |code: &str| format!(r#"rest_client_requests_total{{code="{code}",method="GET",host="{addr}"}}"#);
+        assert_eq!(metric_value(&text, &series("200")), Some(1.0), "{text}");
+        assert_eq!(metric_value(&text, &series("<error>")), Some(1.0), "{text}");
+    }
+}

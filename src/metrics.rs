@@ -312,6 +312,11 @@ mod tests {
         assert_eq!(value(&m, r#"workqueue_adds_total{name="foo",controller="foo"}"#), 1.0);
         assert_eq!(value(&m, r#"rest_client_requests_total{code="200",method="GET",host="h:1"}"#), 1.0);
         assert!(value(&m, "process_resident_memory_bytes") > 1e6);
+        // CPU time is counted in ticks of 10 ms: use some first.
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(50) {
+            std::hint::black_box((0..1000u64).sum::<u64>());
+        }
         assert!(value(&m, "process_cpu_seconds_total") > 0.0);
     }
 

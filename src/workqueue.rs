@@ -184,10 +184,13 @@ mod tests {
         assert_eq!(q.snapshot().0, 2);
         assert_eq!(q.adds.get(), 4);
         let working = q.started("ns/a");
-        assert_eq!(q.snapshot().0, 1);
-        assert!(q.snapshot().2 >= 0.0);
+        std::thread::sleep(Duration::from_millis(30));
+        let (depth, unfinished, longest) = q.snapshot();
+        assert_eq!(depth, 1);
+        assert!(unfinished >= 0.03 && longest >= 0.03, "a sync running for 30 ms: {unfinished}, {longest}");
         drop(working);
         assert_eq!(q.state().running.len(), 0);
+        assert_eq!((q.snapshot().1, q.snapshot().2), (0.0, 0.0), "nothing running");
         q.forget("ns/b");
         assert_eq!(q.snapshot().0, 0);
         assert_eq!(q.retries.get(), 1);

@@ -1,0 +1,97 @@
+//! What the operator costs the API server, counted where every request is
+//! seen — the API server's audit log, by the operator's User-Agent — rather
+//! than inferred from resourceVersions that did not move. The README's API
+//! cost section states the budget: 3 requests per new Foo (Deployment
+//! create, status write, `Synced` event), 2 more each time a change shows in
+//! its status (its pod becoming available: status write, event), a few
+//! lists and watches for the whole set, and none while idle.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use common::*;
+use kube::api::PostParams;
+use sample_controller::constants::USER_AGENT;
+use sample_controller::{Foo, FooSpec};
+
+const FOOS: usize = 20;
+
+/// The operator's requests in `ns`, by "verb resource[/subresource]".
+fn by_kind(ns: &str) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for r in audited(ns, USER_AGENT) {
+        let resource = match r.subresource {
+            Some(sub) => format!("{}/{sub}", r.resource),
+            None => r.resource,
+        };
+        *counts.entry(format!("{} {resource}", r.verb)).or_default() += 1;
+    }
+    counts
+}
+
+fn total(counts: &BTreeMap<String, usize>) -> usize {
+    counts.values().sum()
+}
+
+/// Wait until the operator's request count in `ns` has not moved for
+/// `still` (its Events go out in the background, after the syncs).
+async fn quiet(ns: &str, still: Duration) -> BTreeMap<String, usize> {
+    let (mut last, mut since) = (by_kind(ns), Instant::now());
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = by_kind(ns);
+        if now != last {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= still {
+            return last;
+        }
+        assert!(Instant::now() < deadline, "the operator kept making requests: {last:?}");
+    }
+}
+
+#[tokio::test]
+async fn new_foos_cost_the_stated_budget_and_an_idle_operator_makes_no_request() {
+    let ns = TestNamespace::new("cost").await;
+    let op = spawn_operator(&ns.name, &kubeconfig_path(), &[], &format!("{}-op", ns.name)).await;
+    wait_until("the operator ready", TIMEOUT, || async {
+        http_get(op.probes, "/readyz").await.filter(|(code, _)| *code == 200)
+    })
+    .await;
+    for i in 0..FOOS {
+        let foo = Foo::new(&format!("foo-{i}"), FooSpec { deployment_name: format!("foo-{i}"), replicas: Some(1) });
+        ns.api::<Foo>().create(&PostParams::default(), &foo).await.expect("create Foo");
+    }
+    wait_until("every Foo's pod available in its status", TIMEOUT, || async {
+        let foos = ns.api::<Foo>().list(&Default::default()).await.ok()?;
+        let ready = foos.items.iter().filter(|f| f.status.as_ref().is_some_and(|s| s.available_replicas == 1));
+        (ready.count() == FOOS).then_some(())
+    })
+    .await;
+    let converged = quiet(&ns.name, Duration::from_secs(3)).await;
+
+    let count = |kind: &str| converged.get(kind).copied().unwrap_or(0);
+    assert_eq!(count("create deployments"), FOOS, "{converged:?}");
+    // Created (0 available), then its pod available: two status writes.
+    assert_eq!(count("patch foos/status"), 2 * FOOS, "{converged:?}");
+    // A `Synced` event for each: a new Event, or a repeat counted into a series.
+    assert_eq!(count("create events") + count("patch events"), 2 * FOOS, "{converged:?}");
+    // No read of a single object, no Deployment patch, no update.
+    for verb in ["get", "update", "delete"] {
+        assert!(!converged.keys().any(|k| k.starts_with(&format!("{verb} "))), "{verb}: {converged:?}");
+    }
+    assert_eq!(count("patch deployments"), 0, "{converged:?}");
+    // The Foo and Deployment watches' lists, and the adoption pass's.
+    let lists_and_watches =
+        count("list foos") + count("list deployments") + count("watch foos") + count("watch deployments");
+    assert!(lists_and_watches <= 5, "{converged:?}");
+    assert_eq!(total(&converged), 5 * FOOS + lists_and_watches, "nothing else: {converged:?}");
+
+    // Idle: nothing at all, not even a read. (A watch the API server closes
+    // after its timeout, minutes from now, would be re-opened: not in this window.)
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let idle = by_kind(&ns.name);
+    assert_eq!(idle, converged, "requests while idle");
+}
