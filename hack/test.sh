@@ -47,6 +47,14 @@ run_tests() { # cargo test args...; keeps the summary lines for the total
   return "$rc"
 }
 
+ran_all() { # suite...: each ran in the last run_tests (a binary that did not build runs nothing)
+  local suite missing=()
+  for suite in "$@"; do
+    grep -qF "Running $suite (" "$results.out" || missing+=("$suite")
+  done
+  (( ${#missing[@]} == 0 )) || { log "these test suites did not run: ${missing[*]}"; return 1; }
+}
+
 planes_log="$(mktemp)"
 (for minor in $KUBE_MINORS; do KUBE_MINOR=$minor hack/build-control-plane.sh >/dev/null || exit 1; done) \
   >"$planes_log" 2>&1 &
@@ -63,6 +71,7 @@ hack/lint-dockerfile.sh
 step="4/6 unit and mocked-API tests"; log "$step"
 failing=() # steps whose tests failed; the rest still run
 run_tests --lib --bins --test reconcile_mock || failing+=("unit and mocked-API tests")
+ran_all "unittests src/lib.rs" "tests/reconcile_mock.rs" || failing+=("unit and mocked-API suites")
 
 step="5/6 the image, built from Dockerfile"; log "$step"
 image="$(hack/build-image.sh)"
@@ -88,6 +97,7 @@ for minor in $KUBE_MINORS; do
   SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG" \
     SAMPLE_CONTROLLER_TEST_IMAGE="$image" run_tests --test 'e2e_*' -- --show-output ||
     failing+=("integration tests on Kubernetes $minor")
+  ran_all tests/e2e_*.rs || failing+=("integration suites on Kubernetes $minor")
   hack/local-down.sh
   plane_up=false
 done

@@ -199,7 +199,7 @@ fn invalid_foos() -> Vec<(&'static str, Value, &'static str)> {
 #[tokio::test]
 async fn invalid_foos_are_rejected_with_a_message_that_names_the_field() {
     let ns = TestNamespace::new("invalid").await;
-    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    let _controller = ns.controller().await;
     let cases = invalid_foos();
     let mut wrong = Vec::new();
     for (what, object, want) in cases {

@@ -9,7 +9,7 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::*;
 use kube::api::PostParams;
@@ -18,10 +18,10 @@ use sample_controller::{Foo, FooSpec};
 
 const FOOS: usize = 20;
 
-/// The operator's requests in `ns`, by "verb resource[/subresource]".
-fn by_kind(ns: &str) -> BTreeMap<String, usize> {
+/// Requests by "verb resource[/subresource]".
+fn by_kind(requests: Vec<Audited>) -> BTreeMap<String, usize> {
     let mut counts = BTreeMap::new();
-    for r in audited(ns, USER_AGENT) {
+    for r in requests {
         let resource = match r.subresource {
             Some(sub) => format!("{}/{sub}", r.resource),
             None => r.resource,
@@ -33,23 +33,6 @@ fn by_kind(ns: &str) -> BTreeMap<String, usize> {
 
 fn total(counts: &BTreeMap<String, usize>) -> usize {
     counts.values().sum()
-}
-
-/// Wait until the operator's request count in `ns` has not moved for
-/// `still` (its Events go out in the background, after the syncs).
-async fn quiet(ns: &str, still: Duration) -> BTreeMap<String, usize> {
-    let (mut last, mut since) = (by_kind(ns), Instant::now());
-    let deadline = Instant::now() + TIMEOUT;
-    loop {
-        tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = by_kind(ns);
-        if now != last {
-            (last, since) = (now, Instant::now());
-        } else if since.elapsed() >= still {
-            return last;
-        }
-        assert!(Instant::now() < deadline, "the operator kept making requests: {last:?}");
-    }
 }
 
 #[tokio::test]
@@ -70,7 +53,7 @@ async fn new_foos_cost_the_stated_budget_and_an_idle_operator_makes_no_request()
         (ready.count() == FOOS).then_some(())
     })
     .await;
-    let converged = quiet(&ns.name, Duration::from_secs(3)).await;
+    let converged = by_kind(settled_requests(&ns.name, Duration::from_secs(3)).await);
 
     let count = |kind: &str| converged.get(kind).copied().unwrap_or(0);
     assert_eq!(count("create deployments"), FOOS, "{converged:?}");
@@ -92,6 +75,6 @@ async fn new_foos_cost_the_stated_budget_and_an_idle_operator_makes_no_request()
     // Idle: nothing at all, not even a read. (A watch the API server closes
     // after its timeout, minutes from now, would be re-opened: not in this window.)
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let idle = by_kind(&ns.name);
+    let idle = by_kind(audited(&ns.name, USER_AGENT));
     assert_eq!(idle, converged, "requests while idle");
 }

@@ -137,6 +137,23 @@ async fn end_state(ns: &TestNamespace) -> Result<(), String> {
                 foo.spec.replicas
             ));
         }
+        // From the spec: the status shows the Deployment's available
+        // replicas, this generation, and Ready exactly when all are available.
+        let status = foo.status.clone().unwrap_or_default();
+        let available = d.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0);
+        let want = foo.spec.replicas.unwrap_or(1);
+        let ready = status.conditions.iter().find(|c| c.type_ == "Ready").map(|c| c.status.as_str());
+        let expected_ready = if available >= want { "True" } else { "False" };
+        if status.available_replicas != available
+            || status.observed_generation != foo.metadata.generation
+            || ready != Some(expected_ready)
+        {
+            return Err(format!(
+                "Foo {} status {status:?}; its Deployment has {available} of {want} available",
+                foo.name_any()
+            ));
+        }
+        // And the controller's own rule agrees that nothing is left to do.
         let next = decide(foo, Some(&DeploymentView::from((*d).clone())), &[], &Time(Timestamp::now()));
         if next.deployment != DeploymentAction::None || next.status.is_some() {
             return Err(format!("Foo {} not in sync: a sync would still {next:?}", foo.name_any()));
@@ -157,6 +174,15 @@ async fn converged(ns: &TestNamespace, what: &str) -> Duration {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     panic!("{what}: not converged after {CONVERGE_TIMEOUT:?}: {last}");
+}
+
+/// Foos whose status shows all their replicas available.
+async fn ready_foos(ns: &TestNamespace) -> usize {
+    let foos = ns.api::<Foo>().list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+    let ready = |f: &Foo| {
+        f.status.as_ref().is_some_and(|s| s.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+    };
+    foos.iter().filter(|f| ready(f)).count()
 }
 
 /// Wait until at least `n` Deployments exist: the middle of a convergence.
@@ -181,11 +207,19 @@ async fn edit_to_deployment(ns: &TestNamespace, foo: &str, replicas: i32) -> Dur
 async fn steady_state_outage(component: &str, prefix: &str) {
     let _one = ONE_AT_A_TIME.lock().await;
     let ns = TestNamespace::new(prefix).await;
-    let _op = operator(&ns, "op", &[]).await;
+    let op = operator(&ns, "op", &[]).await;
     create_foos(&ns, 20).await;
     converged(&ns, "before the outage").await;
 
-    outage(component, Duration::from_secs(3)).await;
+    chaos("kill", component);
+    // Readiness does not follow the API server (README, Failure behaviour):
+    // restarting the operator would not bring it back.
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let readyz = http_get(op.probes, "/readyz").await.map(|(code, _)| code);
+        assert_eq!(readyz, Some(200), "/readyz while {component} is down");
+    }
+    chaos("start", component);
     // `start` returned once the component serves (kube-apiserver: /readyz ok).
     let recovery = edit_to_deployment(&ns, "foo-0", 5).await;
     println!("{component} SIGKILL, 3 s down: an edit made once it served again reached its Deployment in {recovery:?}");
@@ -233,19 +267,29 @@ async fn operator_killed_at_random_moments_while_foos_converge() {
     let _one = ONE_AT_A_TIME.lock().await;
     let ns = TestNamespace::new("chaos-crash").await;
     create_foos(&ns, MANY).await;
-    // Kill points spread over the convergence; the seed is printed, and
+    // Kill points spread over the convergence: each round kills the
+    // operator once a seed-chosen number of Foos (rising, 10-60 % of them)
+    // shows all its replicas available. The seed is printed, and
     // CHAOS_SEED=<seed> replays a run.
-    let seed = match std::env::var("CHAOS_SEED") {
+    let seed: u32 = match std::env::var("CHAOS_SEED") {
         Ok(seed) => seed.parse().expect("CHAOS_SEED must be a number"),
         Err(_) => Timestamp::now().subsec_nanosecond().unsigned_abs(),
     };
     println!("operator kills: CHAOS_SEED={seed}");
-    for round in 0..4u32 {
+    let mut thresholds: Vec<usize> =
+        (0..4u32).map(|round| MANY / 10 + seed.rotate_left(round * 8) as usize % (MANY / 2)).collect();
+    thresholds.sort_unstable();
+    for (round, threshold) in thresholds.into_iter().enumerate() {
         let mut op = operator(&ns, &format!("crash-{round}"), &[]).await;
-        let after = Duration::from_millis(200 + u64::from(seed.rotate_left(round * 8) % 1300));
-        tokio::time::sleep(after).await;
+        wait_until(&format!("{threshold} Foos ready"), CONVERGE_TIMEOUT, || async {
+            (ready_foos(&ns).await >= threshold).then_some(())
+        })
+        .await;
         kill(&mut op);
-        println!("operator SIGKILL #{round} after {after:?}: {} Deployments", deployments(&ns).await.len());
+        // Only the operator writes Foo statuses: with it dead, the world
+        // shows whether it had finished.
+        assert!(end_state(&ns).await.is_err(), "kill #{round} landed after convergence (CHAOS_SEED={seed})");
+        println!("operator SIGKILL #{round} with {} of {MANY} Foos ready", ready_foos(&ns).await);
     }
     let _op = operator(&ns, "final", &[]).await;
     let took = converged(&ns, "after four crashes").await;

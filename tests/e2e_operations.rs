@@ -259,3 +259,65 @@ async fn readyz_is_unavailable_until_caches_sync() {
     .await;
     std::fs::remove_file(&path).ok();
 }
+
+#[tokio::test]
+async fn flags_come_from_the_environment_and_master_overrides_the_kubeconfig_server() {
+    let ns = TestNamespace::new("env-flags").await;
+    let kubeconfig: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
+    let server = kubeconfig["clusters"][0]["cluster"]["server"].as_str().unwrap().to_owned();
+    // Nothing listens at the kubeconfig's server: only --master makes it work.
+    let wrong = ns.kubeconfig_variant("wrong-server", |kc| {
+        kc["clusters"][0]["cluster"]["server"] = "https://127.0.0.1:1".into();
+    });
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sample-controller"));
+    cmd.args(["--master", &server])
+        .env("SAMPLE_CONTROLLER_KUBECONFIG", &wrong)
+        .env("SAMPLE_CONTROLLER_NAMESPACE", &ns.name)
+        .env("SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", "127.0.0.1:0")
+        .env("SAMPLE_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", "127.0.0.1:0");
+    let _op = start_logged(cmd, &format!("{}-env", ns.name)).await;
+    create_foo(&ns, "example-foo").await;
+    wait_until("the Foo's Deployment", TIMEOUT, || async { deployment(&ns, "example-foo").await }).await;
+    // Watching only the namespace from the environment: its list of Foos
+    // is a namespaced one (a cluster-wide list names no namespace).
+    let requests = audited(&ns.name, sample_controller::constants::USER_AGENT);
+    assert!(requests.iter().any(|r| r.verb == "list" && r.resource == "foos"), "{requests:?}");
+}
+
+#[tokio::test]
+async fn sigterm_finishes_in_flight_syncs_and_sends_queued_events_before_exiting() {
+    let ns = TestNamespace::new("graceful").await;
+    let op = spawn_operator(&ns.name, &kubeconfig_path(), &[], &format!("{}-op", ns.name)).await;
+    for i in 0..60 {
+        let foo = Foo::new(&format!("foo-{i}"), FooSpec { deployment_name: format!("foo-{i}"), replicas: Some(1) });
+        ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
+    }
+    wait_until("a few Deployments: syncs in flight", TIMEOUT, || async {
+        let n = ns.api::<k8s_openapi::api::apps::v1::Deployment>().list(&Default::default()).await.ok()?.items.len();
+        (n >= 5).then_some(())
+    })
+    .await;
+    signal(&op, "-TERM");
+    let mut op = op;
+    let status = op.child.wait().unwrap();
+    assert!(status.success(), "a graceful shutdown exits 0: {status}");
+
+    // No sync was cut short: each Deployment created has its Foo's status...
+    let deployments = ns.api::<k8s_openapi::api::apps::v1::Deployment>().list(&Default::default()).await.unwrap();
+    let foos = ns.api::<Foo>().list(&Default::default()).await.unwrap().items;
+    for d in &deployments.items {
+        let name = d.metadata.name.as_deref().unwrap();
+        let foo = foos.iter().find(|f| f.spec.deployment_name == name).unwrap();
+        assert!(foo.status.as_ref().is_some_and(|s| s.observed_generation.is_some()), "{name}: no status");
+    }
+    // ...and each status written has its Synced event: the queue was sent.
+    let synced = ns.controller_events().await;
+    for foo in foos.iter().filter(|f| f.status.is_some()) {
+        let name = foo.metadata.name.as_deref().unwrap();
+        let regarding = |e: &&k8s_openapi::api::events::v1::Event| {
+            e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name) && e.reason.as_deref() == Some("Synced")
+        };
+        assert!(synced.iter().any(|e| regarding(&e)), "Foo {name}: status written, its Synced event never sent");
+    }
+}

@@ -141,7 +141,7 @@ async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() 
 async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it_is_granted() {
     installed();
     // Watching all namespaces, as deployed.
-    let controller = start_controller(service_account_client(NS, SA).await, None);
+    let controller = start_controller(service_account_config(NS, SA).await, None);
     let ns = TestNamespace::new("rbac").await;
     let foos: Api<Foo> = ns.api();
     let new_foo = |name: &str, deployment: &str| {

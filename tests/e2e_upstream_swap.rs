@@ -178,7 +178,7 @@ async fn our_deployments_stay_what_upstreams_controller_accepts_as_its_own() {
     // informer maps it back through an ownerReference of kind Foo. Its pods
     // must be selected by upstream's labels, or a swap back would orphan them.
     let ns = TestNamespace::new("swapback").await;
-    let _controller = start_controller(ns.client.clone(), Some(&ns.name));
+    let _controller = ns.controller().await;
     let foo = Foo::new("back", FooSpec { deployment_name: "back-nginx".into(), replicas: Some(2) });
     let foo = ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
     let ours = wait_for_available(&ns, "back-nginx", 2).await;

@@ -120,7 +120,9 @@ impl Mock {
     }
 
     /// Run one sync of `foo` against `scenario`; return its result once
-    /// every expected request was made, and fail if it made any other.
+    /// every expected request was made, and fail if it made any other —
+    /// its Events included: they are sent in the background, so the sender
+    /// is flushed (this mock's later syncs publish no more Events).
     async fn sync(&mut self, foo: &Foo, scenario: Vec<Expect>) -> Result<Action, Error> {
         let sync = tokio::spawn(reconcile(Arc::new(foo.clone()), self.ctx.clone()));
         for (i, want) in scenario.into_iter().enumerate() {
@@ -134,6 +136,16 @@ impl Mock {
                 let query = request.uri().query().unwrap_or_default();
                 assert!(query.contains(q), "request #{i}: query {query:?} lacks {q:?}");
             }
+            if want.method == Method::PATCH {
+                // A merge patch: the API server reads a strategic or apply
+                // patch differently.
+                let content_type = request.headers().get(http::header::CONTENT_TYPE);
+                assert_eq!(
+                    content_type.and_then(|v| v.to_str().ok()),
+                    Some("application/merge-patch+json"),
+                    "request #{i}"
+                );
+            }
             if let Some(check) = want.body {
                 let bytes = request.into_body().collect_bytes().await.unwrap();
                 check(&serde_json::from_slice(&bytes).unwrap());
@@ -143,10 +155,14 @@ impl Mock {
             send.send_response(response.unwrap());
         }
         let result = tokio::time::timeout(Duration::from_secs(5), sync).await.expect("sync did not finish").unwrap();
-        // Events go out in the background: give a stray one time to arrive.
-        if let Ok(Some((extra, _))) = tokio::time::timeout(Duration::from_millis(200), self.handle.next_request()).await
-        {
-            panic!("unexpected request {} {}", extra.method(), extra.uri());
+        let ctx = self.ctx.clone();
+        let flushed = tokio::spawn(async move { ctx.events.flush(Duration::from_secs(5)).await });
+        tokio::select! {
+            extra = self.handle.next_request() => {
+                let (extra, _) = extra.expect("a request or the end of the events");
+                panic!("unexpected request {} {}", extra.method(), extra.uri());
+            }
+            _ = flushed => {}
         }
         result
     }
@@ -349,4 +365,53 @@ async fn api_errors_fail_the_sync_without_panicking() {
     let err = mock.sync(&foo, scenario).await.unwrap_err();
     assert!(matches!(err, Error::Api { action: "create Deployment", .. }), "{err}");
     assert!(err.to_string().starts_with("Foo default/example-foo: create Deployment"), "{err}");
+}
+
+#[tokio::test]
+async fn a_renamed_foo_deletes_its_old_deployment_only_if_it_is_still_that_very_object() {
+    let before = Foo::test("example-foo").deployment("old-name").replicas(1);
+    let old = Deployment::owned_by(&before).replicas(1).available(1);
+    let foo = before.deployment("new-name").generation(2);
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[old]).await;
+    let scenario = vec![
+        expect(Method::POST, DEPLOYMENTS)
+            .body(|body| assert_eq!(body["metadata"]["name"], "new-name"))
+            .reply(StatusCode::CREATED, Deployment::owned_by(&foo).replicas(1)),
+        expect(Method::DELETE, "/apis/apps/v1/namespaces/default/deployments/old-name")
+            .body(|body| {
+                // The uid precondition: a successor under that name is not ours to delete.
+                assert_eq!(body["preconditions"]["uid"], "uid-deploy-old-name");
+                assert_eq!(body["propagationPolicy"], "Background");
+            })
+            .reply(StatusCode::OK, status(StatusCode::OK, "", "")),
+        expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, foo.clone()),
+        Expect::event("Normal", "DeletedOldDeployment"),
+        Expect::event("Normal", "Synced"),
+    ];
+    mock.sync(&foo, scenario).await.unwrap();
+}
+
+#[tokio::test]
+async fn an_invalid_spec_is_reported_once_and_not_retried() {
+    // An empty deploymentName: only an older CRD without validation admits it.
+    let foo = Foo::test("example-foo").deployment("");
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
+    let refused = Arc::new(std::sync::Mutex::new(None));
+    let seen = refused.clone();
+    let scenario = vec![
+        expect(Method::PATCH, FOO_STATUS)
+            .body(move |body| {
+                assert_eq!(body["status"]["conditions"][0]["reason"], "InvalidSpec");
+                *seen.lock().unwrap() = Some(body["status"].clone());
+            })
+            .reply(StatusCode::OK, foo.clone()),
+        Expect::event("Warning", "InvalidSpec"),
+    ];
+    // Done, not failed: no backoff retry loop; the next change of the Foo
+    // triggers a sync.
+    assert_eq!(mock.sync(&foo, scenario).await.unwrap(), Action::await_change());
+    let mut reported = foo.clone();
+    reported.status = Some(serde_json::from_value(refused.lock().unwrap().clone().unwrap()).unwrap());
+    let mut again = Mock::new(std::slice::from_ref(&reported), &[]).await;
+    assert_eq!(again.sync(&reported, vec![]).await.unwrap(), Action::await_change(), "said once");
 }

@@ -20,7 +20,7 @@ use kube::{Client, Config, ResourceExt};
 use sample_controller::Foo;
 use sample_controller::adoption::Adoption;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
-use sample_controller::constants::CONTROLLER_NAME;
+use sample_controller::constants::{CONTROLLER_NAME, USER_AGENT};
 use sample_controller::controller::{self, Caches, Context, Settings};
 use sample_controller::deployment::DeploymentView;
 use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
@@ -56,6 +56,12 @@ pub async fn admin_client() -> Client {
 
 /// A client acting as the operator's ServiceAccount from deploy/.
 pub async fn service_account_client(namespace: &str, name: &str) -> Client {
+    Client::try_from(service_account_config(namespace, name).await).expect("client")
+}
+
+/// The control plane's configuration, impersonating the operator's
+/// ServiceAccount from deploy/.
+pub async fn service_account_config(namespace: &str, name: &str) -> Config {
     let mut cfg = config().await;
     cfg.auth_info.impersonate = Some(format!("system:serviceaccount:{namespace}:{name}"));
     cfg.auth_info.impersonate_groups = Some(vec![
@@ -63,7 +69,7 @@ pub async fn service_account_client(namespace: &str, name: &str) -> Client {
         format!("system:serviceaccounts:{namespace}"),
         "system:authenticated".into(),
     ]);
-    Client::try_from(cfg).expect("client")
+    cfg
 }
 
 /// A fresh namespace for one test, deleted when dropped.
@@ -97,6 +103,12 @@ impl TestNamespace {
         K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
     {
         Api::namespaced(self.client.clone(), &self.name)
+    }
+
+    /// A controller in this process watching this namespace, with the
+    /// operator's client: the audit log tells its requests from the test's.
+    pub async fn controller(&self) -> RunningController {
+        start_controller(config().await, Some(&self.name))
     }
 
     /// `kubectl` against the control plane, in this namespace.
@@ -191,9 +203,12 @@ impl Drop for RunningController {
     }
 }
 
-/// Start the controller with `client`, watching `namespace` (all when None).
-pub fn start_controller(client: Client, namespace: Option<&str>) -> RunningController {
+/// Start the controller with a client for `config` built as the operator
+/// builds it (its User-Agent, its request counting), watching `namespace`
+/// (all when None).
+pub fn start_controller(config: Config, namespace: Option<&str>) -> RunningController {
     let metrics = Arc::new(Metrics::new());
+    let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
     let settings = Settings { namespace: namespace.map(str::to_owned), workers: 2 };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
     let ctx = Arc::new(Context::new(client.clone(), caches, metrics.clone(), Some("integration-test".into()), None));
@@ -444,3 +459,23 @@ fn audit_log(keep: impl Fn(&serde_json::Value) -> bool) -> Vec<Audited> {
         })
         .collect()
 }
+
+/// The operator's requests in `ns` once their count has not moved for
+/// `still` (its Events go out in the background, after the syncs).
+pub async fn settled_requests(ns: &str, still: Duration) -> Vec<Audited> {
+    let (mut last, mut since) = (audited(ns, USER_AGENT), Instant::now());
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = audited(ns, USER_AGENT);
+        if now.len() != last.len() {
+            (last, since) = (now, Instant::now());
+        } else if since.elapsed() >= still {
+            return last;
+        }
+        assert!(Instant::now() < deadline, "the operator kept making requests: {last:?}");
+    }
+}
+
+/// Verbs that change something.
+pub const WRITES: [&str; 5] = ["create", "update", "patch", "delete", "deletecollection"];
