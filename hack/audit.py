@@ -12,6 +12,11 @@ namespace); every request counts once (by auditID), whatever its verb.
                                                SECONDS; print the time it went quiet
   audit.py count LOG UA NS FROM TO             requests in [FROM, TO): total, then
                                                one line per verb and resource
+  audit.py curve LOG UA NS                     seconds from UA's first request in NS
+                                               to each Foo's first status write, sorted
+  audit.py svg OUT TITLE LABEL=FILE[,FILE]...  draw curves (files of `curve`) as Foos
+                                               converged over time; of several files
+                                               for one label, the run that ended first
 """
 import datetime
 import json
@@ -71,17 +76,25 @@ def ok(event):
     return 200 <= (event.get("responseStatus") or {}).get("code", 0) < 300
 
 
+def status_write(e, ua, ns, first):
+    """Folds request e into the client's first request time `first`; returns
+    that, and the Foo whose status e wrote (None if it wrote none)."""
+    if not matches(e, ua, ns):
+        return first, None
+    received = ts(e["requestReceivedTimestamp"])
+    first = received if first is None else min(first, received)
+    ref = e.get("objectRef") or {}
+    wrote = e["verb"] == "patch" and ref.get("subresource") == "status" and ok(e)
+    return first, ref.get("name") if wrote else None
+
+
 def wait_converged(path, ua, ns, n, timeout):
     log, first, done, deadline = Log(path), None, set(), time.time() + timeout
     while time.time() < deadline:
         for e in log.new_requests():
-            if not matches(e, ua, ns):
-                continue
-            received = ts(e["requestReceivedTimestamp"])
-            first = received if first is None else min(first, received)
-            ref = e.get("objectRef") or {}
-            if e["verb"] == "patch" and ref.get("subresource") == "status" and ok(e):
-                done.add(ref.get("name"))
+            first, foo = status_write(e, ua, ns, first)
+            if foo is not None:
+                done.add(foo)
                 if len(done) >= n:
                     print(f"{first:.6f} {ts(e['stageTimestamp']):.6f}")
                     return 0
@@ -116,6 +129,73 @@ def count(path, ua, ns, start, end):
     return 0
 
 
+def curve(path, ua, ns):
+    first, done = None, {}
+    for e in Log(path).new_requests():
+        first, foo = status_write(e, ua, ns, first)
+        if foo is not None:
+            done.setdefault(foo, ts(e["stageTimestamp"]))
+    for t in sorted(done.values()):
+        print(f"{t - first:.3f}")
+    return 0
+
+
+SVG_COLOURS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd"]
+
+
+def nice_step(span, ticks=6):
+    raw = span / ticks
+    magnitude = 10 ** len(str(int(raw))) / 10 if raw >= 1 else 0.1
+    return next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
+
+
+def svg(out, title, series):
+    """A step plot, hand-written SVG (no plotting library on the machines)."""
+    curves = []
+    for label, files in series:
+        runs = [[float(x) for x in open(f, encoding="utf-8").read().split()] for f in files]
+        runs = [r for r in runs if r]
+        if runs:
+            curves.append((label, min(runs, key=lambda r: r[-1])))
+    w, h, left, right, top, bottom = 720, 400, 70, 20, 40, 50
+    t_max = max(c[-1] for _, c in curves)
+    n_max = max(len(c) for _, c in curves)
+    x = lambda t: left + (w - left - right) * t / t_max
+    y = lambda n: h - bottom - (h - top - bottom) * n / n_max
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+             f'<rect width="{w}" height="{h}" fill="white"/>',
+             f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>']
+    step = nice_step(t_max)
+    t = 0.0
+    while t <= t_max + 1e-9:
+        parts.append(f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{h - bottom}" stroke="#eee"/>')
+        parts.append(f'<text x="{x(t):.1f}" y="{h - bottom + 16}" text-anchor="middle">{t:g}</text>')
+        t += step
+    n_step = nice_step(n_max)
+    n = 0.0
+    while n <= n_max + 1e-9:
+        parts.append(f'<line x1="{left}" y1="{y(n):.1f}" x2="{w - right}" y2="{y(n):.1f}" stroke="#eee"/>')
+        parts.append(f'<text x="{left - 6}" y="{y(n) + 4:.1f}" text-anchor="end">{n:g}</text>')
+        n += n_step
+    parts.append(f'<text x="{(left + w - right) / 2}" y="{h - 12}" text-anchor="middle">seconds from the first request</text>')
+    parts.append(f'<text transform="translate(16 {(top + h - bottom) / 2}) rotate(-90)" text-anchor="middle">Foos converged</text>')
+    for i, (label, c) in enumerate(curves):
+        points = [(0.0, 0)]
+        for k, t in enumerate(c, 1):
+            points += [(t, k - 1), (t, k)]
+        path = " ".join(f"{x(t):.1f},{y(k):.1f}" for t, k in points)
+        colour = SVG_COLOURS[i % len(SVG_COLOURS)]
+        parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+        # Bottom right: a rising curve is high there.
+        ly, lx = h - bottom - 16 - 18 * (len(curves) - 1 - i), w - right - 330
+        parts.append(f'<line x1="{lx}" y1="{ly}" x2="{lx + 24}" y2="{ly}" stroke="{colour}" stroke-width="2"/>')
+        parts.append(f'<text x="{lx + 30}" y="{ly + 4}">{label}: {len(c)} Foos in {c[-1]:.2f} s</text>')
+    parts.append("</svg>")
+    with open(out, "w", encoding="utf-8") as f:
+        f.write("\n".join(parts) + "\n")
+    return 0
+
+
 def main(argv):
     cmd, args = argv[1], argv[2:]
     if cmd == "wait-converged":
@@ -124,6 +204,11 @@ def main(argv):
         return quiet(args[0], args[1], float(args[2]), float(args[3]))
     if cmd == "count":
         return count(args[0], args[1], args[2], float(args[3]), float(args[4]))
+    if cmd == "curve":
+        return curve(args[0], args[1], args[2])
+    if cmd == "svg":
+        series = [(spec.split("=", 1)[0], spec.split("=", 1)[1].split(",")) for spec in args[2:]]
+        return svg(args[0], args[1], series)
     print(__doc__, file=sys.stderr)
     return 2
 

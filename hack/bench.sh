@@ -18,6 +18,9 @@
 #  3. a steady window once the controller-manager has stopped writing;
 #  4. EDITS spec.replicas edits, one at a time, timed from a watch;
 #  5. memory with FOREIGN Deployments of someone else's added.
+# It also draws the Foos converged over time, ours and the floor's at the
+# same concurrency (the best run of each), into SVG (default
+# docs/bench-convergence.svg; N=10000 writes docs/bench-convergence-scale.svg).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -28,6 +31,7 @@ FOREIGN="${FOREIGN-1000 5000}" # empty: none
 WORKERS="${WORKERS:-}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 RUNS="${RUNS:-2}"
+SVG="${SVG:-docs/bench-convergence$( ((SCALE)) && echo -scale || true).svg}"
 UA="sample-controller/"
 FLOOR_UA="sample-controller-floor/"
 KCM_UA="kube-controller-manager/"
@@ -91,6 +95,7 @@ floor_run() { # concurrency run
   cargo bench --locked --quiet --bench floor -- "$ns" "$1" >&2
   read -r t0 t1 < <(audit wait-converged "$FLOOR_UA" "$ns" "$N" 1800)
   record "floor-$1" "$(elapsed "$t0" "$t1")"
+  audit curve "$FLOOR_UA" "$ns" > ".local/bench-curve-$ns.txt"
   clear_run "$ns"
 }
 controller_run() { # run; leaves the controller running in namespace $ns
@@ -105,6 +110,7 @@ controller_run() { # run; leaves the controller running in namespace $ns
   pid=$!
   read -r start converged < <(audit wait-converged "$UA" "$ns" "$N" 1800)
   record ours "$(elapsed "$start" "$converged")"
+  audit curve "$UA" "$ns" > ".local/bench-curve-$ns.txt"
 }
 stop_controller() { # as SIGTERM does: its queued events go out first
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
@@ -175,6 +181,9 @@ PY
 done
 peak=$(awk '$1 == "VmHWM:" {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
 stop_controller
+curves() { local prefix=$1 run files=(); for run in $(seq 1 "$RUNS"); do files+=(".local/bench-curve-$prefix-$run.txt"); done; (IFS=,; echo "${files[*]}"); }
+python3 hack/audit.py svg "$SVG" "$N Foos converging, --workers $WORKERS_USED (best of $RUNS runs each)" \
+  "sample-controller=$(curves bench)" "floor at concurrency $WORKERS_USED=$(curves "floor-$WORKERS_USED")"
 
 per_foo() { python3 -c "import sys; print(f'{int(sys.argv[1]) / int(sys.argv[2]):.2f}')" "$@"; }
 ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$@"; }
@@ -200,3 +209,4 @@ for entry in "${rss_foreign[@]}"; do
   printf '%-58s %s\n' "RSS with ${entry%%:*} Deployments of someone else's" "${entry#*:} MiB"
 done
 printf '%-58s %s\n' "peak RSS" "$peak MiB"
+printf '%-58s %s\n' "convergence curve" "$SVG"
