@@ -14,7 +14,7 @@ use crate::cli::Cli;
 use crate::client;
 use crate::controller::{self, Context, Settings};
 use crate::http::{self, Readiness};
-use crate::leader::{Elector, Fence, LeaderConfig, default_identity};
+use crate::leader::{Elector, Fence, LeaderConfig, check_timing, default_identity};
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
@@ -61,6 +61,10 @@ async fn wait_for_signal() {
 /// (returns an error, so the process exits non-zero and is restarted as a
 /// standby — as client-go and controller-runtime do).
 pub async fn run(cli: Cli) -> Result<()> {
+    if cli.leader_elect {
+        check_timing(cli.leader_elect_lease_duration, cli.leader_elect_renew_deadline, cli.leader_elect_retry_period)
+            .map_err(Error::LeaderTiming)?;
+    }
     let metrics = Arc::new(Metrics::new());
     let client = client::build(cli.kube_config().await?, metrics.rest_requests.clone())?;
     metrics.set_max_workers(cli.workers);

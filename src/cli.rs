@@ -211,18 +211,40 @@ pub fn parse_bind_address(addr: &str) -> Result<BindAddress, String> {
     full.parse().map(|a| BindAddress(Some(a))).map_err(|e| format!("{addr:?}: {e} (expected host:port, :port or 0)"))
 }
 
-/// Durations as Go writes them in flags: "15s", "500ms", "2m".
+/// Durations as Go's `time.ParseDuration` reads them in flags: "15s",
+/// "500ms", "1m30s", "1.5h"; units ns, us (µs), ms, s, m, h. A bare "0"
+/// is zero; any other number needs its unit.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?} is not a duration like 15s, 500ms or 2m"))?;
-    match unit {
-        "ms" => Ok(Duration::from_millis(n)),
-        "s" | "" => Ok(Duration::from_secs(n)),
-        "m" => Ok(Duration::from_secs(n * 60)),
-        _ => Err(format!("{s:?}: unknown unit {unit:?} (use ms, s or m)")),
+    let text = s.trim();
+    let bad = || format!("{text:?} is not a duration like 15s, 500ms, 1m30s or 2h");
+    if text == "0" {
+        return Ok(Duration::ZERO);
     }
+    if text.is_empty() {
+        return Err(bad());
+    }
+    let mut rest = text;
+    let mut total = 0f64;
+    while !rest.is_empty() {
+        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
+        let (number, tail) = rest.split_at(number_end);
+        let value: f64 = number.parse().map_err(|_| bad())?;
+        let unit_end = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_end);
+        let seconds = match unit {
+            "ns" => 1e-9,
+            "us" | "µs" => 1e-6,
+            "ms" => 1e-3,
+            "s" => 1.0,
+            "m" => 60.0,
+            "h" => 3600.0,
+            "" => return Err(format!("{text:?}: a number needs a unit (ns, us, ms, s, m, h)")),
+            _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ns, us, ms, s, m or h)")),
+        };
+        total += value * seconds;
+        rest = tail;
+    }
+    Duration::try_from_secs_f64(total).map_err(|_| bad())
 }
 
 #[cfg(test)]
@@ -241,11 +263,22 @@ mod tests {
 
     #[test]
     fn durations_in_go_forms() {
-        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert!(parse_duration("soon").is_err());
-        assert!(parse_duration("5h").is_err());
+        let ok = [
+            ("15s", Duration::from_secs(15)),
+            ("500ms", Duration::from_millis(500)),
+            ("2m", Duration::from_secs(120)),
+            ("1m30s", Duration::from_secs(90)),
+            ("1h", Duration::from_secs(3600)),
+            ("1.5s", Duration::from_millis(1500)),
+            ("0", Duration::ZERO),
+            ("250us", Duration::from_micros(250)),
+        ];
+        for (text, want) in ok {
+            assert_eq!(parse_duration(text), Ok(want), "{text}");
+        }
+        for bad in ["soon", "15", "5d", "", "s", "-1s", "1..5s"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} must be refused");
+        }
     }
 
     fn go_style(args: &[&str]) -> GoStyleArgs {

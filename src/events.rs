@@ -184,4 +184,17 @@ mod tests {
         // third comes after two events, from a fresh Recorder: a new Event.
         assert_eq!(sent, [("POST", "a"), ("PATCH", "a"), ("POST", "b"), ("POST", "a")]);
     }
+
+    #[tokio::test]
+    async fn a_replica_past_its_renew_deadline_sends_none_of_its_queued_events() {
+        let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let fence = Arc::new(Fence::new()); // never renewed: does not hold
+        let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence));
+        publisher.publish(synced(), foo("a"));
+        let flushed = publisher.flush(Duration::from_secs(5));
+        tokio::select! {
+            request = api.next_request() => panic!("sent {:?}", request.map(|(r, _)| r.uri().clone())),
+            _ = flushed => {}
+        }
+    }
 }

@@ -58,13 +58,15 @@ pub enum Lost {
 /// before every write: a leader that was paused past its deadline (a
 /// stopped process, a frozen VM) writes nothing when it resumes, even before
 /// its elector has noticed and the process has exited.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct Fence {
     valid_until: Mutex<Option<Instant>>,
 }
 
 impl Fence {
-    fn new() -> Self {
+    /// A fence that holds from the first renewal on (never, for a
+    /// candidate that never led).
+    pub fn new() -> Self {
         Fence { valid_until: Mutex::new(None) }
     }
 
@@ -83,8 +85,64 @@ pub struct Elector {
     api: Api<Lease>,
     cfg: LeaderConfig,
     fence: Arc<Fence>,
-    /// The last Lease record seen and when it was first seen, on our clock.
-    observed: Option<(Option<String>, Option<MicroTime>, Instant)>,
+    observed: Option<Observed>,
+}
+
+/// The last Lease record a candidate saw, and when it first saw it, on its
+/// own clock: a Lease expires when its record has not changed for the lease
+/// duration as the candidate measures it, never by comparing the holder's
+/// `renewTime` with the local clock (clock skew between nodes).
+#[derive(Clone, Debug, PartialEq)]
+struct Observed {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    since: Instant,
+}
+
+/// What a candidate does about the Lease it just read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// It holds the Lease: renew it.
+    Renew,
+    /// Nobody holds it (never held, released, or expired): take it.
+    Acquire,
+    /// Someone else holds it; it expires after this long, unless renewed.
+    Wait(Duration),
+}
+
+/// The takeover rule, client-go's: `holder` of the Lease as read (empty
+/// means released), `unchanged_for` how long its record has been the same
+/// on our clock.
+pub fn verdict(holder: Option<&str>, me: &str, unchanged_for: Duration, lease_duration: Duration) -> Verdict {
+    match holder.filter(|h| !h.is_empty()) {
+        Some(h) if h == me => Verdict::Renew,
+        Some(_) if unchanged_for < lease_duration => Verdict::Wait(lease_duration - unchanged_for),
+        _ => Verdict::Acquire,
+    }
+}
+
+/// client-go's checks of the election timing (`NewLeaderElector`): the
+/// leader must give up before a standby may take over, and retry more than
+/// once before giving up; zero would be a tight loop.
+pub fn check_timing(lease_duration: Duration, renew_deadline: Duration, retry_period: Duration) -> Result<(), String> {
+    // client-go's JitterFactor: a retry waits up to 1.2 retry periods.
+    const JITTER_FACTOR: f64 = 1.2;
+    if lease_duration.is_zero() {
+        return Err("leaseDuration must be greater than zero".into());
+    }
+    if renew_deadline.is_zero() {
+        return Err("renewDeadline must be greater than zero".into());
+    }
+    if retry_period.is_zero() {
+        return Err("retryPeriod must be greater than zero".into());
+    }
+    if lease_duration <= renew_deadline {
+        return Err("leaseDuration must be greater than renewDeadline".into());
+    }
+    if renew_deadline.as_secs_f64() <= JITTER_FACTOR * retry_period.as_secs_f64() {
+        return Err("renewDeadline must be greater than retryPeriod*JitterFactor".into());
+    }
+    Ok(())
 }
 
 impl Elector {
@@ -95,10 +153,6 @@ impl Elector {
     /// The fence this elector keeps up to date while it leads.
     pub fn fence(&self) -> Arc<Fence> {
         self.fence.clone()
-    }
-
-    pub fn identity(&self) -> &str {
-        &self.cfg.identity
     }
 
     /// Wait until this candidate holds the Lease.
@@ -139,7 +193,7 @@ impl Elector {
                     self.fence.renewed(attempt, self.cfg.renew_deadline);
                 }
                 Ok(Ok(false)) => {
-                    let holder = self.observed.as_ref().and_then(|o| o.0.clone()).unwrap_or_default();
+                    let holder = self.observed.as_ref().and_then(|o| o.holder.clone()).unwrap_or_default();
                     return Lost::TakenOver(holder);
                 }
                 Ok(Err(e)) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot renew lease"),
@@ -208,14 +262,15 @@ impl Elector {
         let spec = lease.spec.clone().unwrap_or_default();
         let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
         self.observe(&holder, &spec.renew_time);
-        let ours = holder.as_deref() == Some(self.cfg.identity.as_str());
-        if let Some(other) = &holder
-            && !ours
-            && self.until_expiry() > Duration::ZERO
-        {
-            debug!(lease = %lease.name_any(), holder = %other, "lease held by another candidate");
-            return Ok(false);
-        }
+        let unchanged_for = self.observed.as_ref().map_or(Duration::ZERO, |o| o.since.elapsed());
+        let ours = match verdict(holder.as_deref(), &self.cfg.identity, unchanged_for, self.cfg.lease_duration) {
+            Verdict::Renew => true,
+            Verdict::Acquire => false,
+            Verdict::Wait(_) => {
+                debug!(lease = %lease.name_any(), holder = ?holder, "lease held by another candidate");
+                return Ok(false);
+            }
+        };
 
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if !ours {
@@ -236,21 +291,19 @@ impl Elector {
 
     /// Remember when the Lease record last changed, on our clock.
     fn observe(&mut self, holder: &Option<String>, renew: &Option<MicroTime>) {
-        let changed = match &self.observed {
-            Some((h, r, _)) => h != holder || r != renew,
-            None => true,
-        };
+        let changed = self.observed.as_ref().is_none_or(|o| o.holder != *holder || o.renew_time != *renew);
         if changed {
-            self.observed = Some((holder.clone(), renew.clone(), Instant::now()));
+            self.observed = Some(Observed { holder: holder.clone(), renew_time: renew.clone(), since: Instant::now() });
         }
     }
 
     /// Time left before the last observed record expires (zero if it has,
     /// or if none was seen).
     fn until_expiry(&self) -> Duration {
-        match &self.observed {
-            Some((Some(_), _, seen)) => self.cfg.lease_duration.saturating_sub(seen.elapsed()),
-            _ => Duration::ZERO,
+        let Some(o) = &self.observed else { return Duration::ZERO };
+        match verdict(o.holder.as_deref(), &self.cfg.identity, o.since.elapsed(), self.cfg.lease_duration) {
+            Verdict::Wait(left) => left,
+            Verdict::Renew | Verdict::Acquire => Duration::ZERO,
         }
     }
 }
@@ -286,6 +339,79 @@ pub fn default_identity() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const LEASE: Duration = Duration::from_secs(15);
+
+    #[test]
+    fn takeover_rule() {
+        let s = Duration::from_secs;
+        let table = [
+            // (what, holder, unchanged for, verdict)
+            ("free: never held", None, s(0), Verdict::Acquire),
+            ("released: holder emptied", Some(""), s(0), Verdict::Acquire),
+            ("ours", Some("me"), s(0), Verdict::Renew),
+            ("ours, even if we have not renewed for long", Some("me"), s(60), Verdict::Renew),
+            ("someone else's, just renewed", Some("other"), s(0), Verdict::Wait(s(15))),
+            ("someone else's, 10 s unchanged", Some("other"), s(10), Verdict::Wait(s(5))),
+            ("someone else's, expired on our clock", Some("other"), s(15), Verdict::Acquire),
+            ("someone else's, long expired", Some("other"), s(600), Verdict::Acquire),
+        ];
+        for (what, holder, unchanged_for, want) in table {
+            assert_eq!(verdict(holder, "me", unchanged_for, LEASE), want, "{what}");
+        }
+    }
+
+    #[tokio::test]
+    async fn expiry_is_timed_on_our_clock_whatever_the_holders_clock_says() {
+        // A holder whose clock is an hour behind (or ahead) writes a renewTime
+        // far from ours: what counts is when we saw the record change.
+        for skew in [-3600, 3600] {
+            let mut e = Elector::new(dummy_client(), config("me"));
+            let renew =
+                MicroTime(Timestamp::now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(skew)).unwrap());
+            e.observe(&Some("other".into()), &Some(renew.clone()));
+            assert!(e.until_expiry() > Duration::from_secs(14), "skew {skew}: a fresh record expires a lease later");
+            // The same record seen again: unchanged, its time keeps running.
+            let first = e.observed.clone().unwrap().since;
+            e.observe(&Some("other".into()), &Some(renew));
+            assert_eq!(e.observed.as_ref().unwrap().since, first);
+        }
+    }
+
+    #[test]
+    fn timing_flags_are_checked_as_client_go_checks_them() {
+        let s = Duration::from_secs;
+        assert_eq!(check_timing(s(15), s(10), s(2)), Ok(()), "the defaults");
+        let refused = [
+            (s(10), s(10), s(2), "leaseDuration must be greater than renewDeadline"),
+            (s(10), s(15), s(2), "leaseDuration must be greater than renewDeadline"),
+            (s(15), s(10), s(0), "retryPeriod must be greater than zero"),
+            (s(15), s(0), s(2), "renewDeadline must be greater than zero"),
+            (s(0), s(10), s(2), "leaseDuration must be greater than zero"),
+            (s(15), s(2), s(2), "renewDeadline must be greater than retryPeriod*JitterFactor"),
+        ];
+        for (lease, renew, retry, message) in refused {
+            assert_eq!(check_timing(lease, renew, retry), Err(message.to_owned()), "{lease:?} {renew:?} {retry:?}");
+        }
+    }
+
+    fn config(identity: &str) -> LeaderConfig {
+        LeaderConfig {
+            lease_name: "l".into(),
+            namespace: "ns".into(),
+            identity: identity.into(),
+            lease_duration: LEASE,
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    /// A client that is never called: these tests exercise no request.
+    fn dummy_client() -> Client {
+        let (service, _handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        Client::new(service, "default")
+    }
 
     #[test]
     fn the_fence_holds_from_a_renewal_until_the_renew_deadline() {

@@ -80,6 +80,13 @@ pub enum Error {
     #[error("Foo {foo}: not written: this replica's lease renewal is past its deadline")]
     NotLeading { foo: String },
 
+    /// The leader-election timing flags would allow two leaders or a tight
+    /// loop; refused at start with client-go's message.
+    #[error(
+        "invalid leader election timing: {0} (--leader-elect-lease-duration, --leader-elect-renew-deadline, --leader-elect-retry-period)"
+    )]
+    LeaderTiming(String),
+
     /// A listener for metrics or probes could not be bound.
     #[error("cannot serve HTTP on {addr}: {source}")]
     Http {

@@ -221,6 +221,17 @@ async fn metrics_count_reconciles_and_errors() {
     .await;
     let count = metric(&op, "controller_runtime_reconcile_time_seconds_count{controller=\"foo\"}").await.unwrap();
     assert!(count >= 3.0, "histogram count {count}");
+    // client-go's workqueue and client metrics, as served: the triggers
+    // and retries counted, and the creates the syncs made (201 Created).
+    let queue = |name: &str| format!("{name}{{name=\"foo\",controller=\"foo\"}}");
+    assert!(metric(&op, &queue("workqueue_adds_total")).await.unwrap() >= 2.0);
+    assert!(metric(&op, &queue("workqueue_retries_total")).await.unwrap() >= 2.0);
+    let (_, body) = http_get(op.metrics, "/metrics").await.unwrap();
+    let created = body
+        .lines()
+        .find(|l| l.starts_with(r#"rest_client_requests_total{code="201",method="POST",host="#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok());
+    assert!(created.is_some_and(|n| n >= 1.0), "the Deployment create, counted:\n{body}");
 }
 
 #[tokio::test]

@@ -19,6 +19,7 @@ use sample_controller::adoption::Adoption;
 use sample_controller::controller::{Context, error_policy, reconcile};
 use sample_controller::decision::decide;
 use sample_controller::deployment::{DeploymentView, desired_deployment};
+use sample_controller::leader::Fence;
 use sample_controller::metrics::Metrics;
 use sample_controller::testing::{DeploymentFixture, FooFixture};
 use sample_controller::{Error, Foo};
@@ -110,13 +111,22 @@ impl Mock {
     /// With `adopt`, the first sync runs the adoption pass over the
     /// `default` namespace, as a started controller's does.
     async fn adopting(foos: &[Foo], deployments: &[Deployment], adopt: bool) -> Self {
+        Self::with(foos, deployments, adopt, None).await
+    }
+
+    /// Under leader election, with `fence`.
+    async fn fenced(foos: &[Foo], fence: Arc<Fence>) -> Self {
+        Self::with(foos, &[], true, Some(fence)).await
+    }
+
+    async fn with(foos: &[Foo], deployments: &[Deployment], adopt: bool, fence: Option<Arc<Fence>>) -> Self {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
         let mut caches = caches_holding(foos, deployments).await;
         if adopt {
             caches.adoption = Arc::new(Adoption::new(Api::namespaced(client.clone(), "default"), 1));
         }
-        Mock { ctx: Arc::new(Context::new(client, caches, Arc::new(Metrics::new()), None, None)), handle }
+        Mock { ctx: Arc::new(Context::new(client, caches, Arc::new(Metrics::new()), None, fence)), handle }
     }
 
     /// Run one sync of `foo` against `scenario`; return its result once
@@ -414,4 +424,20 @@ async fn an_invalid_spec_is_reported_once_and_not_retried() {
     reported.status = Some(serde_json::from_value(refused.lock().unwrap().clone().unwrap()).unwrap());
     let mut again = Mock::new(std::slice::from_ref(&reported), &[]).await;
     assert_eq!(again.sync(&reported, vec![]).await.unwrap(), Action::await_change(), "said once");
+}
+
+#[tokio::test]
+async fn a_replica_past_its_renew_deadline_writes_nothing() {
+    // A leader paused past its deadline (its fence no longer holds) resumes
+    // with a Foo to create: no write at all — not the adoption pass's patch,
+    // not the create, not the status (its queued events: src/events.rs).
+    let foo = example_foo(1);
+    let mut mock = Mock::fenced(std::slice::from_ref(&foo), Arc::new(Fence::new())).await;
+    let upstreams = Deployment::made_by_upstream(&Foo::test("other"));
+    let list = json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {},
+        "items": [serde_json::to_value(PartialObjectMetaExt::into_response_partial::<Deployment>(upstreams.metadata)).unwrap()] });
+    // The adoption pass's list is a read, and reads are harmless.
+    let scenario = vec![expect(Method::GET, DEPLOYMENTS).reply(StatusCode::OK, list)];
+    let err = mock.sync(&foo, scenario).await.unwrap_err();
+    assert!(matches!(err, Error::NotLeading { .. }), "{err}");
 }
