@@ -192,8 +192,9 @@ mod tests {
         let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence));
         publisher.publish(synced(), foo("a"));
         let flushed = publisher.flush(Duration::from_secs(5));
+        // (The sender's end of the mock closes when the publisher stops.)
         tokio::select! {
-            request = api.next_request() => panic!("sent {:?}", request.map(|(r, _)| r.uri().clone())),
+            Some((request, _)) = api.next_request() => panic!("sent {}", request.uri()),
             _ = flushed => {}
         }
     }

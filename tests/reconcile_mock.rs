@@ -168,8 +168,7 @@ impl Mock {
         let ctx = self.ctx.clone();
         let flushed = tokio::spawn(async move { ctx.events.flush(Duration::from_secs(5)).await });
         tokio::select! {
-            extra = self.handle.next_request() => {
-                let (extra, _) = extra.expect("a request or the end of the events");
+            Some((extra, _)) = self.handle.next_request() => {
                 panic!("unexpected request {} {}", extra.method(), extra.uri());
             }
             _ = flushed => {}
