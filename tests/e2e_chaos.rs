@@ -286,10 +286,11 @@ async fn operator_killed_at_random_moments_while_foos_converge() {
         })
         .await;
         kill(&mut op);
-        // Only the operator writes Foo statuses: with it dead, the world
-        // shows whether it had finished.
-        assert!(end_state(&ns).await.is_err(), "kill #{round} landed after convergence (CHAOS_SEED={seed})");
-        println!("operator SIGKILL #{round} with {} of {MANY} Foos ready", ready_foos(&ns).await);
+        // Only the operator writes Foo statuses: with it dead, the count is
+        // frozen, and below MANY it had work left (pods still to report).
+        let ready = ready_foos(&ns).await;
+        assert!(ready < MANY, "kill #{round} landed after convergence (CHAOS_SEED={seed})");
+        println!("operator SIGKILL #{round} with {ready} of {MANY} Foos ready");
     }
     let _op = operator(&ns, "final", &[]).await;
     let took = converged(&ns, "after four crashes").await;
@@ -325,7 +326,9 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_stops_writing_when_it_r
     let (paused, survivor, paused_user) =
         if leader == 0 { (&mut a, &b, "candidate-a") } else { (&mut b, &a, "candidate-b") };
     signal(paused, "-STOP");
-    assert!(end_state(&ns).await.is_err(), "the pause must land mid-convergence");
+    // Statuses are frozen until a new leader takes over: below MANY ready,
+    // the paused leader had work left.
+    assert!(ready_foos(&ns).await < MANY, "the pause must land mid-convergence");
     let new = wait_until("another Lease holder", TIMEOUT, || async { holder(&ns).await.filter(|h| *h != old) }).await;
     let lease = ns.api::<Lease>().get("sample-controller-test").await.unwrap();
     let took_over = lease.spec.and_then(|s| s.acquire_time).expect("the new holder's acquireTime").0;

@@ -18,6 +18,8 @@ use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
 const NS: &str = "sample-controller";
+/// Waits of the controller that watches every namespace (see its test).
+const AS_DEPLOYED_TIMEOUT: Duration = Duration::from_secs(180);
 const SA: &str = "sample-controller";
 
 const SA_USER: &str = "system:serviceaccount:sample-controller:sample-controller";
@@ -140,8 +142,11 @@ async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() 
 #[tokio::test]
 async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it_is_granted() {
     installed();
-    // Watching all namespaces, as deployed.
-    let controller = start_controller(service_account_config(NS, SA).await, None);
+    // Watching all namespaces with the default workers, as deployed. It
+    // also meets every Foo the suites before it left in namespaces still
+    // being deleted (hundreds, after the chaos suite), so its waits are long.
+    let workers = sample_controller::cli::DEFAULT_WORKERS;
+    let controller = start_controller_with(service_account_config(NS, SA).await, None, workers);
     let ns = TestNamespace::new("rbac").await;
     let foos: Api<Foo> = ns.api();
     let new_foo = |name: &str, deployment: &str| {
@@ -158,7 +163,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     .unwrap();
     ns.api::<Deployment>().create(&PostParams::default(), &theirs).await.unwrap();
     foos.create(&PostParams::default(), &new_foo("blocked", "taken")).await.unwrap();
-    wait_until("the refusal", TIMEOUT, || async {
+    wait_until("the refusal", AS_DEPLOYED_TIMEOUT, || async {
         ns.events_for("blocked").await.into_iter().find(|e| e.starts_with("Warning ErrResourceExists"))
     })
     .await;
@@ -167,7 +172,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // checks against foos/finalizers), status, events; the pod available:
     // status again, and the Synced event repeated into a series (patch).
     foos.create(&PostParams::default(), &new_foo("example-foo", "first")).await.unwrap();
-    wait_until("status written by the ServiceAccount", TIMEOUT, || async {
+    wait_until("status written by the ServiceAccount", AS_DEPLOYED_TIMEOUT, || async {
         let foo = foos.get("example-foo").await.ok()?;
         (foo.status?.available_replicas == 1).then_some(())
     })
@@ -175,19 +180,19 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // Replicas alone: a Deployment patch.
     let scale = json!({ "spec": { "replicas": 2 } });
     foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
-    wait_until("the Deployment scaled to 2", TIMEOUT, || async {
+    wait_until("the Deployment scaled to 2", AS_DEPLOYED_TIMEOUT, || async {
         deployment(&ns, "first").await.filter(|d| replicas(d) == Some(2))
     })
     .await;
     // The rename: a create and the old Deployment's delete.
     let rename = json!({ "spec": { "deploymentName": "second" } });
     foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&rename)).await.unwrap();
-    wait_until("the renamed Deployment, the old one gone", TIMEOUT, || async {
+    wait_until("the renamed Deployment, the old one gone", AS_DEPLOYED_TIMEOUT, || async {
         let new = deployment(&ns, "second").await?;
         (replicas(&new) == Some(2) && deployment(&ns, "first").await.is_none()).then_some(())
     })
     .await;
-    let foo = wait_until("status of the renamed Deployment", TIMEOUT, || async {
+    let foo = wait_until("status of the renamed Deployment", AS_DEPLOYED_TIMEOUT, || async {
         let foo = foos.get("example-foo").await.ok()?;
         (foo.status.as_ref()?.available_replicas == 2).then_some(foo)
     })

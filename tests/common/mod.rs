@@ -207,9 +207,14 @@ impl Drop for RunningController {
 /// builds it (its User-Agent, its request counting), watching `namespace`
 /// (all when None).
 pub fn start_controller(config: Config, namespace: Option<&str>) -> RunningController {
+    start_controller_with(config, namespace, 2)
+}
+
+/// [`start_controller`] with `workers` concurrent syncs.
+pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u16) -> RunningController {
     let metrics = Arc::new(Metrics::new());
     let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
-    let settings = Settings { namespace: namespace.map(str::to_owned), workers: 2 };
+    let settings = Settings { namespace: namespace.map(str::to_owned), workers };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
     let ctx = Arc::new(Context::new(client.clone(), caches, metrics.clone(), Some("integration-test".into()), None));
     let task = tokio::spawn(controller::run(controller, ctx, futures::future::pending()));
