@@ -17,7 +17,8 @@
 #     deleted before the next run;
 #  3. a steady window once the controller-manager has stopped writing;
 #  4. EDITS spec.replicas edits, one at a time, timed from a watch;
-#  5. memory with FOREIGN Deployments of someone else's added.
+#  5. memory with FOREIGN Deployments of someone else's added to the
+#     controller's namespace.
 # It also draws the Foos converged over time, ours and the floor's at the
 # same concurrency (the best run of each), into SVG (default
 # docs/bench-convergence.svg; N=10000 writes docs/bench-convergence-scale.svg).
@@ -157,17 +158,18 @@ mapfile -t edit_requests < <(audit count "$UA" "" "$edits_from" "$(date +%s.%N)"
 
 # The baseline for the foreign Deployments: after the pods became available
 # and the edits, so that growth is theirs alone.
+# They go into the controller's own namespace, so only the label filter of
+# its Deployment watch keeps them out of its cache.
 rss_foreign=("0:$(rss)")
 have=0
 for n in $FOREIGN; do
-  log "adding Deployments of someone else's: $n"
-  kubectl get namespace bench-foreign >/dev/null 2>&1 || kubectl create namespace bench-foreign >/dev/null
-  python3 - "$have" "$n" <<'PY' | kubectl create -f - >/dev/null
+  log "adding Deployments of someone else's to $ns: $n"
+  python3 - "$have" "$n" "$ns" <<'PY' | kubectl create -f - >/dev/null
 import json, sys
-lo, hi = int(sys.argv[1]), int(sys.argv[2])
+lo, hi, ns = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 labels = {"app": "other-team"}
 items = [{"apiVersion": "apps/v1", "kind": "Deployment",
-          "metadata": {"name": f"other-{i}", "namespace": "bench-foreign", "labels": labels,
+          "metadata": {"name": f"other-{i}", "namespace": ns, "labels": labels,
                        "annotations": {"note": "x" * 512}},
           "spec": {"replicas": 0, "selector": {"matchLabels": labels},
                    "template": {"metadata": {"labels": labels},
