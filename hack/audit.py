@@ -149,6 +149,14 @@ def nice_step(span, ticks=6):
     return next(m * magnitude for m in (1, 2, 2.5, 5, 10) if m * magnitude >= raw)
 
 
+def ticks(maximum):
+    """Round values from 0 to maximum, about six of them."""
+    step, value = nice_step(maximum), 0.0
+    while value <= maximum + 1e-9:
+        yield value
+        value += step
+
+
 def svg(out, title, series):
     """A step plot, hand-written SVG (no plotting library on the machines)."""
     curves = []
@@ -165,18 +173,12 @@ def svg(out, title, series):
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
              f'<rect width="{w}" height="{h}" fill="white"/>',
              f'<text x="{w / 2}" y="22" text-anchor="middle" font-size="14">{title}</text>']
-    step = nice_step(t_max)
-    t = 0.0
-    while t <= t_max + 1e-9:
+    for t in ticks(t_max):
         parts.append(f'<line x1="{x(t):.1f}" y1="{top}" x2="{x(t):.1f}" y2="{h - bottom}" stroke="#eee"/>')
         parts.append(f'<text x="{x(t):.1f}" y="{h - bottom + 16}" text-anchor="middle">{t:g}</text>')
-        t += step
-    n_step = nice_step(n_max)
-    n = 0.0
-    while n <= n_max + 1e-9:
+    for n in ticks(n_max):
         parts.append(f'<line x1="{left}" y1="{y(n):.1f}" x2="{w - right}" y2="{y(n):.1f}" stroke="#eee"/>')
         parts.append(f'<text x="{left - 6}" y="{y(n) + 4:.1f}" text-anchor="end">{n:g}</text>')
-        n += n_step
     parts.append(f'<text x="{(left + w - right) / 2}" y="{h - 12}" text-anchor="middle">seconds from the first request</text>')
     parts.append(f'<text transform="translate(16 {(top + h - bottom) / 2}) rotate(-90)" text-anchor="middle">Foos converged</text>')
     for i, (label, c) in enumerate(curves):
