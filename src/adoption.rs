@@ -14,16 +14,16 @@
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::api::{ListParams, ObjectMeta, Patch, PatchParams};
+use kube::api::{ListParams, ObjectMeta, Patch};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
-use crate::constants::FIELD_MANAGER;
+use crate::controller::field_manager;
 use crate::decision::DeploymentPatch;
-use crate::deployment::{DeploymentView, has_managed_label, unmanaged_selector};
+use crate::deployment::{DeploymentView, controller_of, has_managed_label, unmanaged_selector};
 use crate::foo::Foo;
 
 /// The adoption pass of one controller run: runs once, the first time a
@@ -79,7 +79,7 @@ impl Adoption {
         let candidates = api.list_metadata(&ListParams::default().labels(&unmanaged_selector())).await?;
         let patches: Vec<(String, DeploymentPatch)> =
             candidates.items.iter().filter_map(|d| Some((d.namespace()?, adoption_patch(d, foo_uid)?))).collect();
-        let pp = PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() };
+        let pp = field_manager();
         let count = futures::stream::iter(patches)
             // No longer leading: the syncs fail on their own checks, and the
             // next leader's pass adopts what is left.
@@ -123,7 +123,7 @@ pub fn adoption_patch(
         return None;
     }
     let meta: &ObjectMeta = &d.metadata;
-    let owner = meta.owner_references.iter().flatten().find(|o| o.controller == Some(true))?;
+    let owner = controller_of(d)?;
     let group = owner.api_version.split_once('/').map_or("", |(group, _)| group);
     if owner.kind != Foo::kind(&()) || group != Foo::group(&()) {
         return None;

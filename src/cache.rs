@@ -27,7 +27,7 @@ use kube::runtime::{WatchStreamExt, reflector::reflector};
 use kube::{Resource, ResourceExt};
 use tokio::sync::watch;
 
-use crate::deployment::DeploymentView;
+use crate::deployment::{DeploymentView, controller_of};
 use crate::foo::Foo;
 
 /// A reflector store of `K`, plus our own writes it has not seen yet.
@@ -163,7 +163,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// The uid of `obj`'s controller, if it has one.
 fn controller_uid<K: Resource>(obj: &K) -> Option<&str> {
-    obj.meta().owner_references.iter().flatten().find(|o| o.controller == Some(true)).map(|o| o.uid.as_str())
+    controller_of(obj).map(|o| o.uid.as_str())
 }
 
 /// Cached objects by the uid of their controller.

@@ -28,7 +28,7 @@ use crate::decision::{DeploymentAction, Outcome, Plan, decide};
 use crate::deployment::{DeploymentView, managed_selector};
 use crate::events::Publisher;
 use crate::foo::Foo;
-use crate::leader::Fence;
+use crate::leader::{Fence, may_write};
 use crate::metrics::Metrics;
 use crate::workqueue::Workqueue;
 use crate::{Error, Result};
@@ -61,7 +61,7 @@ impl Caches {
     async fn ready(&self, fence: Option<&Fence>) {
         self.synced().await;
         let foo_uid = |foo: &ObjectRef<Foo>| self.foos.get(foo).and_then(|f| f.uid());
-        let may_write = || fence.is_none_or(Fence::holds);
+        let may_write = || may_write(fence);
         self.adoption.ensure(foo_uid, may_write, |adopted| self.deployments.wrote(None, Some(adopted))).await;
     }
 }
@@ -95,10 +95,7 @@ impl Context {
 
     /// `Err` once this replica may no longer write as the leader.
     fn may_write(&self, target: &Target) -> Result<()> {
-        match &self.fence {
-            Some(fence) if !fence.holds() => Err(Error::NotLeading { foo: target.key.clone() }),
-            _ => Ok(()),
-        }
+        if may_write(self.fence.as_deref()) { Ok(()) } else { Err(Error::NotLeading { foo: target.key.clone() }) }
     }
 
     /// The delay before the next retry of `foo`, counting this failure.
@@ -391,7 +388,8 @@ fn log_plan(target: &Target, plan: &Plan) {
     }
 }
 
-fn field_manager() -> PatchParams {
+/// Every patch's parameters: our field manager.
+pub(crate) fn field_manager() -> PatchParams {
     PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
 }
 

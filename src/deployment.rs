@@ -58,6 +58,12 @@ pub fn owner_reference(foo: &Foo) -> Option<OwnerReference> {
     Some(owner)
 }
 
+/// The controller ownerReference of `obj` (`controller: true`), as Go's
+/// `metav1.GetControllerOf`: the one lookup every ownership test uses.
+pub fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
+    obj.meta().owner_references.iter().flatten().find(|o| o.controller == Some(true))
+}
+
 /// True when `deployment` has a controller ownerReference naming this Foo's
 /// uid. Names are not enough: a Foo deleted and re-created under the same
 /// name is a different owner, and its predecessor's Deployment is not its to
@@ -66,7 +72,7 @@ pub fn is_controlled_by<K: Resource>(deployment: &K, foo: &Foo) -> bool {
     let Some(uid) = foo.meta().uid.as_deref() else {
         return false;
     };
-    deployment.owner_references().iter().any(|r| r.controller == Some(true) && r.uid == uid)
+    controller_of(deployment).is_some_and(|r| r.uid == uid)
 }
 
 /// Upstream's `newDeployment`: the Deployment a Foo asks for. `None` when the

@@ -25,7 +25,7 @@ use tracing::{debug, warn};
 
 use crate::constants::{ACTION_RECONCILE, CONTROLLER_NAME};
 use crate::decision::EventSpec;
-use crate::leader::Fence;
+use crate::leader::{Fence, may_write};
 
 /// Events waiting to be sent. client-go's broadcaster queues 1000 and drops
 /// the rest; at ten thousand new Foos at once (a restore, the benchmark's
@@ -64,7 +64,7 @@ impl Publisher {
             let mut recorder = Recorder::new(client.clone(), reporter.clone());
             let mut sent = 0;
             while let Some((ev, regarding)) = rx.recv().await {
-                if fence.as_ref().is_some_and(|f| !f.holds()) {
+                if !may_write(fence.as_deref()) {
                     // A paused leader's queue: a standby may lead by now.
                     debug!(reason = ev.reason, "not leading any more; event dropped");
                     continue;

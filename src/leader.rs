@@ -80,6 +80,12 @@ impl Fence {
     }
 }
 
+/// Whether a replica may write: always without leader election (`None`),
+/// else while its fence holds.
+pub fn may_write(fence: Option<&Fence>) -> bool {
+    fence.is_none_or(Fence::holds)
+}
+
 /// One candidate for the Lease.
 pub struct Elector {
     api: Api<Lease>,

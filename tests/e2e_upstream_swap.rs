@@ -69,13 +69,9 @@ async fn wait_for_available(ns: &TestNamespace, name: &str, replicas: i32) -> De
     wait_until(&format!("Deployment {name} with {replicas} available"), TIMEOUT, || async {
         let d = deployment(ns, name).await?;
         let available = d.status.as_ref()?.available_replicas.unwrap_or(0);
-        (replicas_of(&d) == Some(replicas) && available == replicas).then_some(d)
+        (common::replicas(&d) == Some(replicas) && available == replicas).then_some(d)
     })
     .await
-}
-
-fn replicas_of(d: &Deployment) -> Option<i32> {
-    d.spec.as_ref()?.replicas
 }
 
 fn managed(d: &Deployment) -> bool {
