@@ -2,17 +2,20 @@
 //! shutdown, put together. `main.rs` only parses flags and calls [`run`].
 
 use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::Shared;
 use kube::Client;
+use kube::runtime::Controller;
 use tracing::info;
 
 use crate::cli::Cli;
 use crate::client;
-use crate::controller::{self, Context, Settings};
+use crate::controller::{self, Caches, Context, Settings};
+use crate::foo::Foo;
 use crate::http::{self, Readiness};
 use crate::leader::{Elector, Fence, LeaderConfig, check_timing, default_identity};
 use crate::metrics::Metrics;
@@ -78,10 +81,12 @@ pub async fn run(cli: Cli) -> Result<()> {
     let shutdown = shutdown_signal();
     let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers };
     let identity = default_identity();
-    let instance = Some(identity.clone());
+    let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
+    let parts =
+        Parts { client: &client, caches, metrics: &metrics, instance: Some(identity.clone()), readiness: &readiness };
 
     if !cli.leader_elect {
-        run_controller(&client, &settings, &metrics, instance, None, &readiness, shutdown).await;
+        run_controller(controller, parts, None, shutdown).await;
         return Ok(());
     }
 
@@ -97,15 +102,24 @@ pub async fn run(cli: Cli) -> Result<()> {
             retry_period: cli.leader_elect_retry_period,
         },
     );
+    // A hot standby, as controller-runtime's manager: the watches and caches
+    // run on every replica, and only the syncs wait for the Lease (they do
+    // nothing while the fence does not hold). Taking the Lease syncs every
+    // cached Foo at once, with no list first.
+    let (took_lease, on_took_lease) = futures::channel::mpsc::unbounded();
+    let controller = controller.reconcile_all_on(on_took_lease);
+    let mut controller = pin!(run_controller(controller, parts, Some(elector.fence()), shutdown));
     metrics.set_leader(&lease, false);
     tokio::select! {
         _ = elector.acquire() => {}
-        _ = shutdown.clone() => return Ok(()),
+        // Shut down while standing by.
+        _ = &mut controller => return Ok(()),
     }
     metrics.set_leader(&lease, true);
+    let _ = took_lease.unbounded_send(());
     let result = tokio::select! {
         // Graceful shutdown: in-flight syncs finished, then hand over.
-        _ = run_controller(&client, &settings, &metrics, instance, Some(elector.fence()), &readiness, shutdown) => {
+        _ = &mut controller => {
             elector.release().await;
             Ok(())
         }
@@ -118,21 +132,27 @@ pub async fn run(cli: Cli) -> Result<()> {
     result
 }
 
+/// What a controller run is made of, besides the controller itself.
+struct Parts<'a> {
+    client: &'a Client,
+    caches: Caches,
+    metrics: &'a Arc<Metrics>,
+    /// The Events' `reportingInstance`.
+    instance: Option<String>,
+    readiness: &'a Arc<Readiness>,
+}
+
 /// Run the controller until `shutdown`, reporting readiness once its caches
 /// are filled; then send the Events still queued. If the future is dropped
 /// instead (lost leadership), queued Events are dropped with it.
 async fn run_controller(
-    client: &Client,
-    settings: &Settings,
-    metrics: &Arc<Metrics>,
-    instance: Option<String>,
+    controller: Controller<Foo>,
+    parts: Parts<'_>,
     fence: Option<Arc<Fence>>,
-    readiness: &Arc<Readiness>,
     shutdown: impl Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (controller, caches) = controller::build(client, settings, metrics.queue.clone());
+    let Parts { client, caches, metrics, instance, readiness } = parts;
     let ctx = Arc::new(Context::new(client.clone(), caches.clone(), metrics.clone(), instance, fence));
-    readiness.controller_starting();
     let readiness = readiness.clone();
     let synced = tokio::spawn(async move {
         caches.synced().await;

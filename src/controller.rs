@@ -290,6 +290,11 @@ fn report(outcome: StreamItem, queue: &Workqueue) {
 
 /// One sync of one Foo, timed and counted the way controller-runtime does.
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
+    if !may_write(ctx.fence.as_deref()) {
+        // A standby (or a leader past its renew deadline): nothing to do
+        // until it takes the Lease, which syncs every Foo.
+        return Ok(Action::await_change());
+    }
     let obj = ObjectRef::from_obj(&*foo);
     let _active = ctx.metrics.worker_started();
     let _working = ctx.metrics.queue.started(&queue_key(&obj));

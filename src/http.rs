@@ -16,28 +16,21 @@ use tokio::net::TcpListener;
 use crate::metrics::Metrics;
 use crate::{Error, Result};
 
-/// What `/readyz` reports. Readiness means "this replica can take its part":
-/// a healthy standby is ready (so rolling updates proceed); the instance
-/// that runs the controller is ready once its caches are filled.
+/// What `/readyz` reports: ready once the caches are filled, on every
+/// replica — a standby keeps them warm too, so a ready standby can take over
+/// at once, and a rolling update or a drain waits for that.
 #[derive(Default)]
 pub struct Readiness {
-    controller_started: AtomicBool,
     caches_synced: AtomicBool,
 }
 
 impl Readiness {
-    /// The controller starts on this replica; not ready until synced.
-    pub fn controller_starting(&self) {
-        self.controller_started.store(true, Ordering::SeqCst);
-        self.caches_synced.store(false, Ordering::SeqCst);
-    }
-
     pub fn caches_synced(&self) {
         self.caches_synced.store(true, Ordering::SeqCst);
     }
 
     pub fn is_ready(&self) -> bool {
-        !self.controller_started.load(Ordering::SeqCst) || self.caches_synced.load(Ordering::SeqCst)
+        self.caches_synced.load(Ordering::SeqCst)
     }
 }
 
@@ -80,11 +73,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn readiness_of_standby_leader_and_synced_leader() {
+    fn ready_once_the_caches_are_synced() {
         let r = Readiness::default();
-        assert!(r.is_ready(), "a standby is ready");
-        r.controller_starting();
-        assert!(!r.is_ready(), "a leader is not ready before its caches sync");
+        assert!(!r.is_ready(), "not before the caches are filled, standby or leader");
         r.caches_synced();
         assert!(r.is_ready());
     }

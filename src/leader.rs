@@ -70,6 +70,14 @@ impl Fence {
         Fence { valid_until: Mutex::new(None) }
     }
 
+    /// A fence as a renewal just now leaves it: holding for `deadline`.
+    #[cfg(any(test, feature = "test-fixtures"))]
+    pub fn holding_for(deadline: Duration) -> Self {
+        let fence = Fence::new();
+        fence.renewed(Instant::now(), deadline);
+        fence
+    }
+
     /// True while the last renewal is within the renew deadline.
     pub fn holds(&self) -> bool {
         self.valid_until.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|until| Instant::now() < until)
@@ -91,6 +99,10 @@ pub struct Elector {
     api: Api<Lease>,
     cfg: LeaderConfig,
     fence: Arc<Fence>,
+    /// The Lease as last written by us or reported by the watch: a write is
+    /// made from it, so it carries the resourceVersion that makes the write
+    /// conditional (no read before a write).
+    lease: Option<Lease>,
     observed: Option<Observed>,
 }
 
@@ -153,7 +165,13 @@ pub fn check_timing(lease_duration: Duration, renew_deadline: Duration, retry_pe
 
 impl Elector {
     pub fn new(client: Client, cfg: LeaderConfig) -> Self {
-        Elector { api: Api::namespaced(client, &cfg.namespace), cfg, fence: Arc::new(Fence::new()), observed: None }
+        Elector {
+            api: Api::namespaced(client, &cfg.namespace),
+            cfg,
+            fence: Arc::new(Fence::new()),
+            lease: None,
+            observed: None,
+        }
     }
 
     /// The fence this elector keeps up to date while it leads.
@@ -161,28 +179,41 @@ impl Elector {
         self.fence.clone()
     }
 
-    /// Wait until this candidate holds the Lease.
+    /// Wait until this candidate holds the Lease. A standby reads nothing:
+    /// it watches the Lease and times its expiry on its own clock, so
+    /// waiting costs no request beyond the watch's.
     pub async fn acquire(&mut self) {
         let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
-        // Any change of the Lease (a release above all) wakes us at once.
-        let mut changes = pin!(lease_changes(self.api.clone(), wc));
+        let mut changes = pin!(lease_states(self.api.clone(), wc));
         info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "waiting to lead");
+        // Nothing is known until the watch's first list.
+        let mut wait = None;
         loop {
+            tokio::select! {
+                state = changes.next() => match state {
+                    Some(lease) => self.saw(lease),
+                    // The watcher retries for ever; it never ends.
+                    None => return std::future::pending().await,
+                },
+                _ = sleep_or_pending(wait) => {}
+            }
             let attempt = Instant::now();
-            match self.try_acquire_or_renew().await {
-                Ok(true) => {
+            wait = match self.try_acquire().await {
+                Ok(Attempt::Won) => {
                     self.fence.renewed(attempt, self.cfg.renew_deadline);
                     info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "leading");
                     return;
                 }
-                Ok(false) => {}
-                Err(e) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot acquire lease"),
-            }
-            let wait = self.until_expiry().min(self.cfg.retry_period);
-            tokio::select! {
-                _ = tokio::time::sleep(wait) => {}
-                _ = changes.next() => {}
-            }
+                // Wake when it expires, or earlier if the watch reports a
+                // change (a release above all).
+                Ok(Attempt::HeldFor(left)) => Some(left),
+                // Lost a race: the watch brings the winner's record.
+                Ok(Attempt::Lost) => Some(self.cfg.retry_period),
+                Err(e) => {
+                    warn!(lease = %self.cfg.lease_name, error = %e, "cannot acquire lease");
+                    Some(self.cfg.retry_period)
+                }
+            };
         }
     }
 
@@ -193,15 +224,15 @@ impl Elector {
             tokio::time::sleep(self.cfg.retry_period).await;
             let attempt = Instant::now();
             let left = self.cfg.renew_deadline.saturating_sub(attempt - last_renew);
-            match tokio::time::timeout(left, self.try_acquire_or_renew()).await {
-                Ok(Ok(true)) => {
+            match tokio::time::timeout(left, self.renew()).await {
+                Ok(Ok(Renewal::Renewed)) => {
                     last_renew = attempt;
                     self.fence.renewed(attempt, self.cfg.renew_deadline);
                 }
-                Ok(Ok(false)) => {
-                    let holder = self.observed.as_ref().and_then(|o| o.holder.clone()).unwrap_or_default();
-                    return Lost::TakenOver(holder);
+                Ok(Ok(Renewal::Changed)) => {
+                    info!(lease = %self.cfg.lease_name, "lease changed under its leader; renewing from the current copy")
                 }
+                Ok(Ok(Renewal::TakenOver(holder))) => return Lost::TakenOver(holder),
                 Ok(Err(e)) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot renew lease"),
                 Err(_) => warn!(lease = %self.cfg.lease_name, "lease renewal timed out"),
             }
@@ -211,88 +242,113 @@ impl Elector {
         }
     }
 
-    /// Give the Lease up so a standby can take over at once. Only if we
-    /// still hold it; errors are logged, as the Lease expires anyway.
+    /// Give the Lease up so a standby can take over at once: one write from
+    /// our last one, as client-go's (no holder, a 1 s duration). Errors are
+    /// logged, as the Lease expires anyway.
     pub async fn release(&mut self) {
-        let result = async {
-            let Some(mut lease) = self.api.get_opt(&self.cfg.lease_name).await? else {
-                return Ok(false);
-            };
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            if spec.holder_identity.as_deref() != Some(self.cfg.identity.as_str()) {
-                return Ok(false);
-            }
-            // As client-go: no holder, a 1 s duration.
-            spec.holder_identity = None;
-            spec.lease_duration_seconds = Some(1);
-            spec.renew_time = Some(MicroTime(Timestamp::now()));
-            self.api.replace(&self.cfg.lease_name, &post_params(), &lease).await?;
-            Ok::<_, kube::Error>(true)
-        }
-        .await;
-        match result {
-            Ok(true) => info!(lease = %self.cfg.lease_name, "lease released"),
-            Ok(false) => debug!(lease = %self.cfg.lease_name, "lease not ours; nothing to release"),
+        let Some(mut lease) = self.lease.clone().filter(|l| holder(l).as_deref() == Some(&self.cfg.identity)) else {
+            debug!(lease = %self.cfg.lease_name, "lease not ours; nothing to release");
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self.api.replace(&self.cfg.lease_name, &post_params(), &lease).await {
+            Ok(_) => info!(lease = %self.cfg.lease_name, "lease released"),
             Err(e) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot release lease; it will expire"),
         }
     }
 
-    /// client-go's tryAcquireOrRenew: take the Lease if it is free, expired
-    /// or ours; `Ok(false)` if someone else holds it (or won a race for it).
-    async fn try_acquire_or_renew(&mut self) -> Result<bool, kube::Error> {
-        let now = MicroTime(Timestamp::now());
-        let duration_secs = i32::try_from(self.cfg.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX);
-        let Some(mut lease) = self.api.get_opt(&self.cfg.lease_name).await? else {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(self.cfg.lease_name.clone()),
-                    namespace: Some(self.cfg.namespace.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(self.cfg.identity.clone()),
-                    lease_duration_seconds: Some(duration_secs),
-                    acquire_time: Some(now.clone()),
-                    renew_time: Some(now),
-                    lease_transitions: Some(0),
-                    ..LeaseSpec::default()
-                }),
-            };
-            return match self.api.create(&post_params(), &lease).await {
-                Ok(_) => Ok(true),
-                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(false),
+    /// What the watch reports: the Lease as it is now (`None`: there is none).
+    fn saw(&mut self, lease: Option<Lease>) {
+        if let Some(l) = &lease {
+            self.observe(&holder(l), &l.spec.as_ref().and_then(|s| s.renew_time.clone()));
+        }
+        self.lease = lease;
+    }
+
+    /// One write, if the rule says the Lease is ours to take: created if
+    /// there is none, else replaced from the watched copy. Its
+    /// resourceVersion makes the write fail with Conflict if anyone wrote
+    /// the Lease since, so two candidates never both win.
+    async fn try_acquire(&mut self) -> Result<Attempt, kube::Error> {
+        let Some(current) = self.lease.clone() else {
+            return match self.api.create(&post_params(), &self.claim(None)).await {
+                Ok(created) => self.won(created),
+                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(Attempt::Lost),
                 Err(e) => Err(e),
             };
         };
-
-        let spec = lease.spec.clone().unwrap_or_default();
-        let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
-        self.observe(&holder, &spec.renew_time);
-        let unchanged_for = self.observed.as_ref().map_or(Duration::ZERO, |o| o.since.elapsed());
-        let ours = match verdict(holder.as_deref(), &self.cfg.identity, unchanged_for, self.cfg.lease_duration) {
-            Verdict::Renew => true,
-            Verdict::Acquire => false,
-            Verdict::Wait(_) => {
-                debug!(lease = %lease.name_any(), holder = ?holder, "lease held by another candidate");
-                return Ok(false);
+        match verdict(holder(&current).as_deref(), &self.cfg.identity, self.unchanged_for(), self.cfg.lease_duration) {
+            Verdict::Wait(left) => {
+                debug!(lease = %current.name_any(), holder = ?holder(&current), "lease held by another candidate");
+                Ok(Attempt::HeldFor(left))
             }
-        };
+            Verdict::Renew | Verdict::Acquire => {
+                match self.api.replace(&self.cfg.lease_name, &post_params(), &self.claim(Some(current))).await {
+                    Ok(written) => self.won(written),
+                    Err(kube::Error::Api(s)) if s.is_conflict() => Ok(Attempt::Lost),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
 
+    fn won(&mut self, written: Lease) -> Result<Attempt, kube::Error> {
+        self.lease = Some(written);
+        Ok(Attempt::Won)
+    }
+
+    /// One renewal, from the Lease as we last wrote it. Only a conflict
+    /// (someone wrote the Lease since, which a leader never expects) costs a
+    /// read.
+    async fn renew(&mut self) -> Result<Renewal, kube::Error> {
+        let ours = self.lease.clone();
+        match self.api.replace(&self.cfg.lease_name, &post_params(), &self.claim(ours)).await {
+            Ok(written) => {
+                self.lease = Some(written);
+                return Ok(Renewal::Renewed);
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        let current = self.api.get_opt(&self.cfg.lease_name).await?;
+        let held_by = current.as_ref().and_then(holder);
+        if held_by.as_deref() == Some(&self.cfg.identity) {
+            self.lease = current;
+            return Ok(Renewal::Changed);
+        }
+        Ok(Renewal::TakenOver(held_by.unwrap_or_default()))
+    }
+
+    /// The Lease with us as its holder, renewed now: `current` as read (or
+    /// last written), or a new one.
+    fn claim(&self, current: Option<Lease>) -> Lease {
+        let now = MicroTime(Timestamp::now());
+        let mut lease = current.unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(self.cfg.lease_name.clone()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec { lease_transitions: Some(0), ..LeaseSpec::default() }),
+        });
+        let previous = holder(&lease);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        if !ours {
+        if previous.as_deref() != Some(&self.cfg.identity) {
             spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + i32::from(holder.is_some()));
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + i32::from(previous.is_some()));
         }
         spec.holder_identity = Some(self.cfg.identity.clone());
-        spec.lease_duration_seconds = Some(duration_secs);
+        spec.lease_duration_seconds = Some(i32::try_from(self.cfg.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX));
         spec.renew_time = Some(now);
-        // `replace` carries the resourceVersion we read: if anyone wrote the
-        // Lease since, this fails with Conflict and nobody gets two leaders.
-        match self.api.replace(&self.cfg.lease_name, &post_params(), &lease).await {
-            Ok(_) => Ok(true),
-            Err(kube::Error::Api(s)) if s.is_conflict() => Ok(false),
-            Err(e) => Err(e),
-        }
+        lease
+    }
+
+    /// How long the Lease record has been the same, on our clock.
+    fn unchanged_for(&self) -> Duration {
+        self.observed.as_ref().map_or(Duration::ZERO, |o| o.since.elapsed())
     }
 
     /// Remember when the Lease record last changed, on our clock.
@@ -302,15 +358,38 @@ impl Elector {
             self.observed = Some(Observed { holder: holder.clone(), renew_time: renew.clone(), since: Instant::now() });
         }
     }
+}
 
-    /// Time left before the last observed record expires (zero if it has,
-    /// or if none was seen).
-    fn until_expiry(&self) -> Duration {
-        let Some(o) = &self.observed else { return Duration::ZERO };
-        match verdict(o.holder.as_deref(), &self.cfg.identity, o.since.elapsed(), self.cfg.lease_duration) {
-            Verdict::Wait(left) => left,
-            Verdict::Renew | Verdict::Acquire => Duration::ZERO,
-        }
+/// How an attempt to take the Lease went.
+#[derive(Debug, PartialEq)]
+enum Attempt {
+    Won,
+    /// Someone else holds it; it expires after this long, unless renewed.
+    HeldFor(Duration),
+    /// Someone else wrote it first.
+    Lost,
+}
+
+/// How a renewal went.
+#[derive(Debug, PartialEq)]
+enum Renewal {
+    Renewed,
+    /// Still ours, but written by someone else (a label edited, say): the
+    /// next renewal starts from the copy just read.
+    Changed,
+    /// Someone else holds it now (empty: nobody).
+    TakenOver(String),
+}
+
+/// The holder a Lease names; empty (released) counts as none.
+fn holder(lease: &Lease) -> Option<String> {
+    lease.spec.as_ref()?.holder_identity.clone().filter(|h| !h.is_empty())
+}
+
+async fn sleep_or_pending(wait: Option<Duration>) {
+    match wait {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
     }
 }
 
@@ -318,18 +397,31 @@ fn post_params() -> PostParams {
     PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }
 }
 
-/// A stream that yields whenever the Lease changes; watch errors are retried
-/// by the watcher's backoff and only logged.
-fn lease_changes(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = ()> {
+/// The Lease as the watch sees it, after each change: `None` while there
+/// is none. Nothing is yielded before the watch's first full list; watch
+/// errors are retried by the watcher's backoff and only logged.
+fn lease_states(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = Option<Lease>> {
     use kube::runtime::WatchStreamExt;
-    watcher(api, wc).default_backoff().filter_map(|ev| async move {
-        match ev {
-            Ok(_) => Some(()),
+    let mut listing = None;
+    watcher(api, wc).default_backoff().filter_map(move |ev| {
+        let state = match ev {
+            Ok(watcher::Event::Init) => {
+                listing = None;
+                None
+            }
+            Ok(watcher::Event::InitApply(l)) => {
+                listing = Some(l);
+                None
+            }
+            Ok(watcher::Event::InitDone) => Some(listing.take()),
+            Ok(watcher::Event::Apply(l)) => Some(Some(l)),
+            Ok(watcher::Event::Delete(_)) => Some(None),
             Err(e) => {
                 debug!(error = %e, "lease watch");
                 None
             }
-        }
+        };
+        std::future::ready(state)
     })
 }
 
@@ -376,7 +468,7 @@ mod tests {
             let renew =
                 MicroTime(Timestamp::now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(skew)).unwrap());
             e.observe(&Some("other".into()), &Some(renew.clone()));
-            assert!(e.until_expiry() > Duration::from_secs(14), "skew {skew}: a fresh record expires a lease later");
+            assert!(e.unchanged_for() < Duration::from_secs(1), "skew {skew}: a record just seen is fresh");
             // The same record seen again: unchanged, its time keeps running.
             let first = e.observed.clone().unwrap().since;
             e.observe(&Some("other".into()), &Some(renew));

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kube::api::PostParams;
+use sample_controller::constants::USER_AGENT;
 use sample_controller::{Foo, FooSpec};
 
 const ERROR_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
@@ -46,6 +47,36 @@ async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
 }
 
 #[tokio::test]
+async fn an_idle_pair_costs_one_lease_write_per_renewal_and_nothing_else() {
+    let ns = TestNamespace::new("quiet").await;
+    let a = spawn_candidate(&ns.name, LEASE, "a").await;
+    let b = spawn_candidate(&ns.name, LEASE, "b").await;
+    one_leader(&[&a, &b]).await;
+    wait_until("both replicas ready", TIMEOUT, || async {
+        for op in [&a, &b] {
+            (http_get(op.probes, "/readyz").await?.0 == 200).then_some(())?;
+        }
+        Some(())
+    })
+    .await;
+    let from = k8s_openapi::jiff::Timestamp::now();
+    let window = Duration::from_secs(8);
+    tokio::time::sleep(window).await;
+    let until = k8s_openapi::jiff::Timestamp::now();
+
+    let idle: Vec<_> = audited(&ns.name, USER_AGENT)
+        .into_iter()
+        .filter(|r| r.at > from && r.at < until)
+        .map(|r| format!("{} {}", r.resource, r.verb))
+        .collect();
+    // The leader renews every retry period (1 s here) from its own last
+    // write; the standby only watches. No reads, no other resource.
+    let renewals = idle.iter().filter(|r| *r == "leases update").count();
+    assert_eq!(renewals, idle.len(), "requests other than lease renewals while idle: {idle:?}");
+    assert!((6..=9).contains(&renewals), "{renewals} renewals in {window:?} at a 1 s retry period");
+}
+
+#[tokio::test]
 async fn killed_leader_is_replaced_within_the_lease_duration() {
     let ns = TestNamespace::new("failover").await;
     let mut a = spawn_candidate(&ns.name, LEASE, "a").await;
@@ -54,6 +85,7 @@ async fn killed_leader_is_replaced_within_the_lease_duration() {
     let (dead, survivor) = if leader == 0 { (&mut a, &b) } else { (&mut b, &a) };
 
     // kill -9: no release, the standby must wait the Lease out.
+    let killed_at = k8s_openapi::jiff::Timestamp::now();
     dead.child.kill().unwrap();
     let killed = Instant::now();
     dead.child.wait().unwrap();
@@ -66,6 +98,15 @@ async fn killed_leader_is_replaced_within_the_lease_duration() {
     // room for a loaded CI machine.
     assert!(took < LEASE + Duration::from_secs(3), "takeover took {took:?}");
     assert_eq!(metric(survivor, LEADER_SERIES).await, Some(1.0));
+    // A hot standby: its caches were filled while it waited, so taking over
+    // lists no Foos (the one Deployment list is the adoption pass's).
+    let lists: Vec<_> = audited(&ns.name, USER_AGENT)
+        .into_iter()
+        .filter(|r| r.at > killed_at && r.verb == "list")
+        .map(|r| r.resource)
+        .collect();
+    assert!(!lists.iter().any(|r| r == "foos"), "the new leader listed Foos: {lists:?}");
+    assert!(lists.iter().filter(|r| *r == "deployments").count() <= 1, "{lists:?}");
 }
 
 #[tokio::test]

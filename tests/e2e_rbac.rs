@@ -205,9 +205,11 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     assert!(warnings.is_empty(), "{warnings:?}");
     drop(controller);
 
-    // The leader-election Lease in its namespace: the leader creates it,
-    // a standby lists and watches it while waiting, the leader's release
-    // (an update) hands it over at once.
+    // The leader-election Lease in its namespace: the leader creates it
+    // and renews it (an update); someone else's edit makes a renewal
+    // conflict, and the leader reads the Lease once (a get) before renewing
+    // from it; a standby lists and watches it while waiting; the leader's
+    // release (an update) hands it over at once.
     let candidate = |identity: &'static str| async move {
         Elector::new(
             service_account_client(NS, SA).await,
@@ -223,6 +225,14 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     };
     let mut leader = candidate("rbac-test-leader").await;
     tokio::time::timeout(TIMEOUT, leader.acquire()).await.expect("acquire the lease as the ServiceAccount");
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> = Api::namespaced(admin_client().await, NS);
+    let label = json!({ "metadata": { "labels": { "edited-by": "an-admin" } } });
+    leases.patch("rbac-test", &PatchParams::default(), &Patch::Merge(&label)).await.unwrap();
+    let held = tokio::time::timeout(Duration::from_secs(5), leader.hold()).await;
+    assert!(held.is_err(), "an edit of the Lease under its leader cost the leadership: {held:?}");
+    let lease = leases.get("rbac-test").await.unwrap();
+    assert_eq!(lease.spec.unwrap().holder_identity.as_deref(), Some("rbac-test-leader"));
+    assert_eq!(lease.metadata.labels.unwrap()["edited-by"], "an-admin", "the renewal kept the edit");
     let mut standby = candidate("rbac-test-standby").await;
     let waiting = tokio::spawn(async move {
         tokio::time::timeout(TIMEOUT, standby.acquire()).await.expect("the standby takes over");

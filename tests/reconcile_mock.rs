@@ -48,16 +48,24 @@ struct Expect {
     query: Option<&'static str>,
     body: Option<BodyCheck>,
     reply: (StatusCode, Value),
+    /// How long the API server takes to answer.
+    delay: Duration,
 }
 
 fn expect(method: Method, path: &'static str) -> Expect {
-    Expect { method, path, query: None, body: None, reply: (StatusCode::OK, json!({})) }
+    Expect { method, path, query: None, body: None, reply: (StatusCode::OK, json!({})), delay: Duration::ZERO }
 }
 
 impl Expect {
     /// The query string must contain `fragment`.
     fn query(mut self, fragment: &'static str) -> Self {
         self.query = Some(fragment);
+        self
+    }
+
+    /// The answer comes after `delay`.
+    fn after(mut self, delay: Duration) -> Self {
+        self.delay = delay;
         self
     }
 
@@ -161,6 +169,7 @@ impl Mock {
                 check(&serde_json::from_slice(&bytes).unwrap());
             }
             let (code, body) = want.reply;
+            tokio::time::sleep(want.delay).await;
             let response = Response::builder().status(code).body(Body::from(serde_json::to_vec(&body).unwrap()));
             send.send_response(response.unwrap());
         }
@@ -426,17 +435,28 @@ async fn an_invalid_spec_is_reported_once_and_not_retried() {
 }
 
 #[tokio::test]
-async fn a_replica_past_its_renew_deadline_writes_nothing() {
-    // A leader paused past its deadline (its fence no longer holds) resumes
-    // with a Foo to create: no write at all — not the adoption pass's patch,
-    // not the create, not the status (its queued events: src/events.rs).
+async fn a_standby_syncs_nothing() {
+    // A replica that does not hold the Lease (its fence never held) keeps
+    // its caches but makes no request for a Foo, not even a read.
     let foo = example_foo(1);
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), Arc::new(Fence::new())).await;
-    let upstreams = Deployment::made_by_upstream(&Foo::test("other"));
-    let list = json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {},
-        "items": [serde_json::to_value(PartialObjectMetaExt::into_response_partial::<Deployment>(upstreams.metadata)).unwrap()] });
+    let action = mock.sync(&foo, vec![]).await.unwrap();
+    assert_eq!(action, Action::await_change());
+}
+
+#[tokio::test]
+async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
+    // The fence holds when the sync starts and lapses while it waits for the
+    // API server (as a leader paused mid-sync finds on resuming): no write
+    // follows — not the create, not the status (its queued events:
+    // src/events.rs).
+    let foo = example_foo(1);
+    let fence = Arc::new(Fence::holding_for(Duration::from_millis(200)));
+    let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence).await;
+    let list =
+        json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": [] });
     // The adoption pass's list is a read, and reads are harmless.
-    let scenario = vec![expect(Method::GET, DEPLOYMENTS).reply(StatusCode::OK, list)];
+    let scenario = vec![expect(Method::GET, DEPLOYMENTS).reply(StatusCode::OK, list).after(Duration::from_millis(400))];
     let err = mock.sync(&foo, scenario).await.unwrap_err();
     assert!(matches!(err, Error::NotLeading { .. }), "{err}");
 }
