@@ -8,8 +8,13 @@ namespace); every request counts once (by auditID), whatever its verb.
   audit.py wait-converged LOG UA NS N TIMEOUT  wait until N Foos in NS got a status
                                                write from UA; print first-request
                                                and converged times (epoch seconds)
-  audit.py quiet LOG UA SECONDS TIMEOUT        wait until UA has made no write for
-                                               SECONDS; print the time it went quiet
+  audit.py quiet LOG UA SECONDS TIMEOUT        wait until UA has made no write but
+                                               Lease renewals for SECONDS; print the
+                                               time it went quiet
+  audit.py written LOG UA NS FROM TIMEOUT RESOURCE NAME...
+                                               wait until UA wrote each named object
+                                               in NS after FROM; print when the last
+                                               of them was written
   audit.py count LOG UA NS FROM TO             requests in [FROM, TO): total, then
                                                one line per verb and resource
   audit.py curve LOG UA NS                     seconds from UA's first request in NS
@@ -107,13 +112,31 @@ def quiet(path, ua, seconds, timeout):
     log, last, deadline = Log(path), time.time(), time.time() + timeout
     while time.time() < deadline:
         for e in log.new_requests():
-            if matches(e, ua) and e["verb"] in WRITES:
+            # A leader renews its Lease for ever: that is not work.
+            if matches(e, ua) and e["verb"] in WRITES and resource(e) != "leases":
                 last = max(last, ts(e["stageTimestamp"]))
         if time.time() - last >= seconds:
             print(f"{last:.3f}")
             return 0
         time.sleep(0.5)
     print(f"{ua} kept writing for {timeout}s", file=sys.stderr)
+    return 1
+
+
+def written(path, ua, ns, start, timeout, res, names):
+    log, last, pending, deadline = Log(path), 0.0, set(names), time.time() + timeout
+    while time.time() < deadline:
+        for e in log.new_requests():
+            name = (e.get("objectRef") or {}).get("name")
+            if (matches(e, ua, ns) and e["verb"] in WRITES and resource(e) == res and ok(e)
+                    and name in names and ts(e["requestReceivedTimestamp"]) >= start):
+                pending.discard(name)
+                last = max(last, ts(e["stageTimestamp"]))
+        if not pending:
+            print(f"{last:.6f}")
+            return 0
+        time.sleep(0.1)
+    print(f"not written in {timeout}s: {sorted(pending)}", file=sys.stderr)
     return 1
 
 
@@ -204,6 +227,8 @@ def main(argv):
         return wait_converged(args[0], args[1], args[2], int(args[3]), float(args[4]))
     if cmd == "quiet":
         return quiet(args[0], args[1], float(args[2]), float(args[3]))
+    if cmd == "written":
+        return written(args[0], args[1], args[2], float(args[3]), float(args[4]), args[5], set(args[6:]))
     if cmd == "count":
         return count(args[0], args[1], args[2], float(args[3]), float(args[4]))
     if cmd == "curve":

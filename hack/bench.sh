@@ -22,9 +22,11 @@
 # It also draws the Foos converged over time, ours and the floor's at the
 # same concurrency (the best run of each), into SVG (default
 # docs/bench-convergence.svg; N=10000 writes docs/bench-convergence-scale.svg).
+#
+#   MODE=ha hack/bench.sh          # two replicas as deploy/ runs them: hack/bench-ha.sh
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
-cd "$REPO_ROOT"
+[[ "${MODE:-}" == ha ]] && exec "$(dirname "${BASH_SOURCE[0]}")/bench-ha.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 N="${N:-1000}"
 WINDOW="${WINDOW:-60}"
 EDITS="${EDITS:-50}"
@@ -33,48 +35,15 @@ WORKERS="${WORKERS:-}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 RUNS="${RUNS:-2}"
 SVG="${SVG:-docs/bench-convergence$( ((SCALE)) && echo -scale || true).svg}"
-UA="sample-controller/"
 FLOOR_UA="sample-controller-floor/"
-KCM_UA="kube-controller-manager/"
 
-export LOCAL_UP_DIR="$REPO_ROOT/.local/bench-control-plane"
 trap 'kill "${pid:-}" 2>/dev/null || true; hack/local-down.sh' EXIT
-if (( SCALE )); then
-  # The run measures this controller, not the controller-manager's own
-  # rate limits creating ReplicaSets and Pods.
-  export LOCAL_UP_CONTROLLERS='*,-deployment-controller,-replicaset-controller'
-fi
-mkdir -p .local
-AUDIT="$REPO_ROOT/.local/bench-audit.log"
-rm -f "$AUDIT"
-export LOCAL_UP_AUDIT_LOG="$AUDIT"
-eval "$(hack/local-up.sh)"
-kubectl apply -f crds/ >/dev/null
-kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >/dev/null
-log "release builds"
-cargo build --locked --release --quiet --bin sample-controller
+bench_plane "$SCALE"
 cargo bench --locked --quiet --no-run --bench floor --bench edit_latency
-BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/sample-controller"
 workers_flag=()
 [[ -n "$WORKERS" ]] && workers_flag=(--workers "$WORKERS")
 WORKERS_USED="${WORKERS:-$("$BIN" --help | sed -n 's/.*\[default: \([0-9]*\)\].*/\1/p' | head -n1)}"
 
-audit() { local cmd=$1; shift; python3 hack/audit.py "$cmd" "$AUDIT" "$@"; }
-create_foos() { # namespace count
-  kubectl create namespace "$1" >/dev/null
-  python3 - "$1" "$2" <<'PY' | kubectl create -f - >/dev/null
-import json, sys
-ns, n = sys.argv[1], int(sys.argv[2])
-items = [{"apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
-          "metadata": {"name": f"foo-{i}", "namespace": ns},
-          "spec": {"deploymentName": f"foo-{i}", "replicas": 1}} for i in range(n)]
-print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-PY
-}
-settle() { # until the controller-manager has stopped writing
-  audit quiet "$KCM_UA" 5 1800 >/dev/null
-}
-elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$@"; }
 
 # Each run starts on an equal plane: without the Deployments of the runs
 # before, and their ReplicaSets and Pods, for the scheduler, kwok and the
@@ -104,9 +73,7 @@ controller_run() { # run; leaves the controller running in namespace $ns
   log "controller: $N Foos (run $1 of $RUNS)"
   create_foos "$ns" "$N"
   settle
-  local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  "$BIN" --namespace "$ns" "${workers_flag[@]}" --metrics-bind-address "127.0.0.1:$port" --health-probe-bind-address 0 \
+  "$BIN" --namespace "$ns" "${workers_flag[@]}" --metrics-bind-address "127.0.0.1:$(free_port)" --health-probe-bind-address 0 \
     > ".local/bench-controller-$1.log" 2>&1 &
   pid=$!
   read -r start converged < <(audit wait-converged "$UA" "$ns" "$N" 1800)
@@ -134,9 +101,8 @@ for run in $(seq 1 "$RUNS"); do
   clear_run "$ns"
 done
 ours=${best[ours]}
-rss() { awk '$1 == "VmRSS:" {printf "%.1f", $2 / 1024}' "/proc/$pid/status"; }
 sleep 2
-rss_converged=$(rss)
+rss_converged=$(rss "$pid")
 
 log "waiting for the controller-manager and the controller to settle"
 # The controller too: its events go out one at a time, and at 10 000 Foos
@@ -160,7 +126,7 @@ mapfile -t edit_requests < <(audit count "$UA" "" "$edits_from" "$(date +%s.%N)"
 # and the edits, so that growth is theirs alone.
 # They go into the controller's own namespace, so only the label filter of
 # its Deployment watch keeps them out of its cache.
-rss_foreign=("0:$(rss)")
+rss_foreign=("0:$(rss "$pid")")
 have=0
 for n in $FOREIGN; do
   log "adding Deployments of someone else's to $ns: $n"
@@ -179,7 +145,7 @@ print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 PY
   have=$n
   sleep 5
-  rss_foreign+=("$n:$(rss)")
+  rss_foreign+=("$n:$(rss "$pid")")
 done
 peak=$(awk '$1 == "VmHWM:" {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
 stop_controller

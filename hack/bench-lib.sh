@@ -1,0 +1,56 @@
+# What hack/bench.sh and hack/bench-ha.sh share: the benchmark plane (with
+# an audit log), the release build, and the helpers that read the audit log.
+# Sourced, not run.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+cd "$REPO_ROOT"
+UA="sample-controller/"
+KCM_UA="kube-controller-manager/"
+AUDIT="$REPO_ROOT/.local/bench-audit.log"
+BIN="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/sample-controller"
+export LOCAL_UP_DIR="$REPO_ROOT/.local/bench-control-plane"
+
+# Start the plane with an empty audit log, the CRD installed, and the
+# release build made. Scale mode (argument 1) runs no Deployment/ReplicaSet
+# controllers: a run measures this controller, not the controller-manager's
+# own rate limits creating ReplicaSets and Pods.
+bench_plane() { # scale
+  if (( $1 )); then
+    export LOCAL_UP_CONTROLLERS='*,-deployment-controller,-replicaset-controller'
+  fi
+  mkdir -p .local
+  rm -f "$AUDIT"
+  export LOCAL_UP_AUDIT_LOG="$AUDIT"
+  eval "$(hack/local-up.sh)"
+  kubectl apply -f crds/ >/dev/null
+  kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >/dev/null
+  log "release build"
+  cargo build --locked --release --quiet --bin sample-controller
+}
+
+audit() { local cmd=$1; shift; python3 hack/audit.py "$cmd" "$AUDIT" "$@"; }
+
+create_foos() { # namespace count
+  kubectl create namespace "$1" >/dev/null
+  python3 - "$1" "$2" <<'PY' | kubectl create -f - >/dev/null
+import json, sys
+ns, n = sys.argv[1], int(sys.argv[2])
+items = [{"apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
+          "metadata": {"name": f"foo-{i}", "namespace": ns},
+          "spec": {"deploymentName": f"foo-{i}", "replicas": 1}} for i in range(n)]
+print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+PY
+}
+
+settle() { # until the controller-manager has stopped writing
+  audit quiet "$KCM_UA" 5 1800 >/dev/null
+}
+
+elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$@"; }
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+rss() { # pid: resident memory in MiB
+  awk '$1 == "VmRSS:" {printf "%.1f", $2 / 1024}' "/proc/$1/status"
+}
