@@ -422,6 +422,8 @@ pub struct Audited {
     pub resource: String,
     pub subresource: Option<String>,
     pub name: Option<String>,
+    /// The HTTP status of the answer (none for a watch that only started).
+    pub code: Option<u16>,
 }
 
 /// The requests clients whose User-Agent starts with `user_agent` made in
@@ -460,6 +462,7 @@ fn audit_log(keep: impl Fn(&serde_json::Value) -> bool) -> Vec<Audited> {
                 resource: text(&e["objectRef"]["resource"]).unwrap_or_default(),
                 subresource: text(&e["objectRef"]["subresource"]),
                 name: text(&e["objectRef"]["name"]),
+                code: e["responseStatus"]["code"].as_u64().and_then(|c| u16::try_from(c).ok()),
             }
         })
         .collect()
