@@ -19,6 +19,8 @@ use crate::foo::Foo;
 use crate::http::{self, Readiness};
 use crate::leader::{Elector, Fence, LeaderConfig, check_timing, default_identity};
 use crate::metrics::Metrics;
+use crate::metrics_auth::MetricsAuth;
+use crate::tls;
 use crate::{Error, Result};
 
 /// How long a graceful shutdown waits for queued Events to be sent.
@@ -73,7 +75,13 @@ pub async fn run(cli: Cli) -> Result<()> {
     metrics.set_max_workers(cli.workers);
     let readiness = Arc::new(Readiness::default());
     if let Some(addr) = cli.metrics_bind_address.0 {
-        http::serve(addr, http::METRICS_ENDPOINTS, http::metrics_router(metrics.clone())).await?;
+        if cli.metrics_secure {
+            let tls = tls::server_config(cli.metrics_cert_dir.as_deref(), cli.enable_http2)?;
+            let router = http::secure_metrics_router(metrics.clone(), Arc::new(MetricsAuth::new(client.clone())));
+            http::serve_tls(addr, http::METRICS_ENDPOINTS, router, tls, cli.enable_http2).await?;
+        } else {
+            http::serve(addr, http::METRICS_ENDPOINTS, http::metrics_router(metrics.clone())).await?;
+        }
     }
     if let Some(addr) = cli.health_probe_bind_address.0 {
         http::serve(addr, http::PROBE_ENDPOINTS, http::probes_router(readiness.clone())).await?;

@@ -49,6 +49,20 @@ pub struct Cli {
     #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = ":8080", value_name = "ADDR", value_parser = parse_bind_address)]
     pub metrics_bind_address: BindAddress,
 
+    /// Serve metrics over HTTPS, only to callers whose bearer token passes a TokenReview and a
+    /// SubjectAccessReview for get on /metrics (on in deploy/, on :8443).
+    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_SECURE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub metrics_secure: bool,
+
+    /// Directory holding the metrics certificate as tls.crt and tls.key (a kubernetes.io/tls
+    /// Secret), read again when it changes; without it, a self-signed one is made at start.
+    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_CERT_DIR", value_name = "DIR")]
+    pub metrics_cert_dir: Option<std::path::PathBuf>,
+
+    /// Offer HTTP/2 on the secure metrics listener (off: the HTTP/2 rapid-reset attacks).
+    #[arg(long, env = "SAMPLE_CONTROLLER_ENABLE_HTTP2", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub enable_http2: bool,
+
     /// Address for the liveness (/healthz) and readiness (/readyz) probes; "0" disables it.
     #[arg(long, env = "SAMPLE_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081", value_name = "ADDR", value_parser = parse_bind_address)]
     pub health_probe_bind_address: BindAddress,

@@ -14,6 +14,7 @@ use axum::routing::get;
 use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
+use crate::metrics_auth::{Access, MetricsAuth};
 use crate::{Error, Result};
 
 /// What `/readyz` reports: ready once the caches are filled, on every
@@ -48,12 +49,90 @@ pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Resu
     }))
 }
 
+/// Like [`serve`], over TLS with `tls`, each connection HTTP/1.1 only
+/// unless `http2`; a handshake or a request header slower than
+/// [`SLOW_CLIENT`] is dropped.
+pub async fn serve_tls(
+    addr: SocketAddr,
+    what: &'static str,
+    router: Router,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    http2: bool,
+) -> Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| Error::Http { addr, source })?;
+    tracing::info!(addr = %bound, tls = true, http2, endpoints = %what, "serving HTTP");
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    Ok(tokio::spawn(async move {
+        loop {
+            let (tcp, _) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(e) => {
+                    tracing::warn!(addr = %bound, error = %e, "cannot accept a connection");
+                    continue;
+                }
+            };
+            let (acceptor, router) = (acceptor.clone(), router.clone());
+            tokio::spawn(async move {
+                let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await else { return };
+                let io = hyper_util::rt::TokioIo::new(stream);
+                let service = hyper_util::service::TowerToHyperService::new(router);
+                let served = if http2 {
+                    let mut builder =
+                        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+                    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
+                    builder.serve_connection(io, service).await
+                } else {
+                    hyper::server::conn::http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(SLOW_CLIENT)
+                        .serve_connection(io, service)
+                        .await
+                        .map_err(Into::into)
+                };
+                if let Err(e) = served {
+                    tracing::debug!(error = %e, "metrics connection ended");
+                }
+            });
+        }
+    }))
+}
+
+/// How long a client may take over its TLS handshake or request header.
+const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What each listener serves, as its start-up log line says.
 pub const METRICS_ENDPOINTS: &str = "/metrics";
 pub const PROBE_ENDPOINTS: &str = "/healthz,/readyz";
 
 pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
     Router::new().route("/metrics", get(metrics_handler)).with_state(metrics)
+}
+
+/// The metrics router, each request first checked by `auth`: 401 without
+/// a valid token, 403 for a user without `get` on `/metrics`, 500 if the
+/// API server could not be asked.
+pub fn secure_metrics_router(metrics: Arc<Metrics>, auth: Arc<MetricsAuth>) -> Router {
+    metrics_router(metrics).layer(axum::middleware::from_fn_with_state(auth, authorize))
+}
+
+async fn authorize(
+    State(auth): State<Arc<MetricsAuth>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+    match auth.check(header).await {
+        Ok(Access::Allowed) => next.run(request).await,
+        Ok(Access::Unauthenticated) => {
+            (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "Unauthorized").into_response()
+        }
+        Ok(Access::Forbidden) => (StatusCode::FORBIDDEN, "Forbidden").into_response(),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot review a metrics scraper's token");
+            (StatusCode::INTERNAL_SERVER_ERROR, "cannot review the token").into_response()
+        }
+    }
 }
 
 pub fn probes_router(readiness: Arc<Readiness>) -> Router {

@@ -23,7 +23,9 @@ pub mod foo;
 pub mod http;
 pub mod leader;
 pub mod metrics;
+pub mod metrics_auth;
 pub mod telemetry;
+pub mod tls;
 pub mod workqueue;
 
 #[cfg(any(test, feature = "test-fixtures"))]
@@ -86,6 +88,10 @@ pub enum Error {
         "invalid leader election timing: {0} (--leader-elect-lease-duration, --leader-elect-renew-deadline, --leader-elect-retry-period)"
     )]
     LeaderTiming(String),
+
+    /// The metrics listener's certificate cannot be read or made.
+    #[error("metrics TLS: {0}")]
+    Tls(String),
 
     /// A listener for metrics or probes could not be bound.
     #[error("cannot serve HTTP on {addr}: {source}")]

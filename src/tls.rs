@@ -1,0 +1,172 @@
+//! TLS for the metrics listener: the certificate in a directory (`tls.crt`
+//! and `tls.key`, as a `kubernetes.io/tls` Secret — cert-manager's, say — is
+//! mounted), read again whenever the file changes so a renewed certificate
+//! is served without a restart; or, without a directory, one made at start
+//! and signed by itself (as kubebuilder's scaffold does). HTTP/2 is offered
+//! only when asked for (`--enable-http2`): kubebuilder turns it off by
+//! default since the HTTP/2 rapid-reset attacks (CVE-2023-44487).
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
+
+use tokio_rustls::rustls::crypto::ring::{default_provider, sign::any_supported_type};
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
+use tokio_rustls::rustls::sign::CertifiedKey;
+use tokio_rustls::rustls::{self, ServerConfig};
+use tracing::{info, warn};
+
+use crate::{Error, Result};
+
+/// The files of a `kubernetes.io/tls` Secret.
+pub const CERT_FILE: &str = "tls.crt";
+pub const KEY_FILE: &str = "tls.key";
+
+/// The server configuration: certificate from `cert_dir` or self-signed;
+/// ALPN offers `h2` only if `http2`.
+pub fn server_config(cert_dir: Option<&Path>, http2: bool) -> Result<Arc<ServerConfig>> {
+    let certs = match cert_dir {
+        Some(dir) => Certificates::from_dir(dir)?,
+        None => Certificates::self_signed()?,
+    };
+    let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_cert_resolver(Arc::new(certs));
+    config.alpn_protocols = if http2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
+    Ok(Arc::new(config))
+}
+
+/// The certificate served, and where it came from.
+#[derive(Debug)]
+struct Certificates {
+    dir: Option<PathBuf>,
+    current: Mutex<Loaded>,
+}
+
+#[derive(Debug)]
+struct Loaded {
+    key: Arc<CertifiedKey>,
+    /// When the certificate file was last changed, as of reading it.
+    modified: Option<SystemTime>,
+}
+
+impl Certificates {
+    fn from_dir(dir: &Path) -> Result<Self> {
+        let loaded = load(dir)?;
+        info!(dir = %dir.display(), "serving metrics with the certificate in the directory");
+        Ok(Certificates { dir: Some(dir.to_owned()), current: Mutex::new(loaded) })
+    }
+
+    fn self_signed() -> Result<Self> {
+        let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "localhost".into());
+        let names = vec![host, "localhost".into()];
+        let made = rcgen::generate_simple_self_signed(names).map_err(|e| Error::Tls(e.to_string()))?;
+        let key = PrivateKeyDer::try_from(made.signing_key.serialize_der()).map_err(|e| Error::Tls(e.into()))?;
+        let key = certified(vec![made.cert.der().clone()], &key)?;
+        info!("serving metrics with a self-signed certificate made at start (--metrics-cert-dir gives one)");
+        Ok(Certificates { dir: None, current: Mutex::new(Loaded { key, modified: None }) })
+    }
+
+    /// The certificate to serve now: read again if its file changed. A
+    /// file that cannot be read (a Secret being rewritten) keeps the last one.
+    fn current(&self) -> Arc<CertifiedKey> {
+        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(dir) = &self.dir
+            && modified(dir) != current.modified
+        {
+            match load(dir) {
+                Ok(loaded) => {
+                    info!(dir = %dir.display(), "metrics certificate changed; serving the new one");
+                    *current = loaded;
+                }
+                Err(e) => warn!(error = %e, "cannot read the changed metrics certificate; serving the last one"),
+            }
+        }
+        current.key.clone()
+    }
+}
+
+impl ResolvesServerCert for Certificates {
+    fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        Some(self.current())
+    }
+}
+
+fn modified(dir: &Path) -> Option<SystemTime> {
+    std::fs::metadata(dir.join(CERT_FILE)).and_then(|m| m.modified()).ok()
+}
+
+fn load(dir: &Path) -> Result<Loaded> {
+    let read = |file: &str| {
+        let path = dir.join(file);
+        std::fs::read(&path).map_err(|e| Error::Tls(format!("cannot read {}: {e}", path.display())))
+    };
+    let modified = modified(dir);
+    let (cert_pem, key_pem) = (read(CERT_FILE)?, read(KEY_FILE)?);
+    let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| Error::Tls(format!("{CERT_FILE}: {e}")))?;
+    if certs.is_empty() {
+        return Err(Error::Tls(format!("{CERT_FILE} in {} holds no certificate", dir.display())));
+    }
+    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
+        .map_err(|e| Error::Tls(format!("{KEY_FILE}: {e}")))?
+        .ok_or_else(|| Error::Tls(format!("{KEY_FILE} in {} holds no private key", dir.display())))?;
+    Ok(Loaded { key: certified(certs, &key)?, modified })
+}
+
+fn certified(certs: Vec<CertificateDer<'static>>, key: &PrivateKeyDer<'_>) -> Result<Arc<CertifiedKey>> {
+    let signing = any_supported_type(key).map_err(|e: rustls::Error| Error::Tls(e.to_string()))?;
+    Ok(Arc::new(CertifiedKey::new(certs, signing)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write_pair(dir: &Path, name: &str) {
+        let made = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
+        std::fs::write(dir.join(CERT_FILE), made.cert.pem()).unwrap();
+        std::fs::write(dir.join(KEY_FILE), made.signing_key.serialize_pem()).unwrap();
+    }
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("sample-controller-tls-{tag}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn a_renewed_certificate_is_served_without_a_restart() {
+        let dir = temp_dir("renew");
+        write_pair(&dir, "first.example");
+        let certs = Certificates::from_dir(&dir).unwrap();
+        let first = certs.current().cert[0].clone();
+        assert_eq!(certs.current().cert[0], first, "unchanged file, same certificate");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        write_pair(&dir, "second.example");
+        assert_ne!(certs.current().cert[0], first, "the renewed one");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn a_directory_without_a_certificate_is_refused_at_start() {
+        let dir = temp_dir("empty");
+        let err = server_config(Some(&dir), false).unwrap_err().to_string();
+        assert!(err.contains("tls.crt"), "{err}");
+        std::fs::write(dir.join(CERT_FILE), "not a certificate").unwrap();
+        std::fs::write(dir.join(KEY_FILE), "").unwrap();
+        let err = server_config(Some(&dir), false).unwrap_err().to_string();
+        assert!(err.contains("holds no certificate"), "{err}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
+    fn http2_is_offered_only_when_enabled() {
+        assert_eq!(server_config(None, false).unwrap().alpn_protocols, [b"http/1.1".to_vec()]);
+        assert_eq!(server_config(None, true).unwrap().alpn_protocols, [b"h2".to_vec(), b"http/1.1".to_vec()]);
+    }
+}
