@@ -48,11 +48,7 @@ if [[ "${IMAGE_BUILDER:-buildah}" == docker ]]; then
   exit 0
 fi
 
-if ! command -v buildah >/dev/null; then
-  log "installing buildah (Debian)"
-  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends buildah) >&2 \
-    || die "buildah is missing and could not be installed"
-fi
+need_command buildah buildah "building the image without a Docker engine"
 # Its own storage, vfs: no overlay mounts or daemon, nothing outside target/.
 storage=(--root "$OUT/storage" --runroot "$OUT/run" --storage-driver vfs)
 log "building $TAG from Dockerfile with buildah"

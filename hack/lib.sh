@@ -23,3 +23,13 @@ ASSETS_DIR="${KUBEBUILDER_ASSETS:-$CACHE_ROOT/k8s/$KUBE_VERSION-${GOOS_:-linux}-
 
 log() { echo "[$(basename "$0")] $*" >&2; }
 die() { echo "[$(basename "$0")] ERROR: $*" >&2; exit 1; }
+
+# The Debian package providing `command`, installed if the command is
+# missing (the scripts run as root on a fresh CI machine; elsewhere, install
+# it yourself). need_command COMMAND PACKAGE WHY
+need_command() {
+  command -v "$1" >/dev/null && return 0
+  log "installing $2 (Debian; $3)"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2") >&2 \
+    || die "$1 is missing and could not be installed: install the $2 package"
+}

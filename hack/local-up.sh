@@ -41,10 +41,7 @@ fi
 "$REPO_ROOT/hack/local-down.sh" >/dev/null 2>&1 || true
 mkdir -p "$DIR"/{pki,logs,etcd}
 
-command -v openssl >/dev/null || {
-  log "installing openssl (needed for the control plane's certificates)"
-  (apt-get update -qq && apt-get install -y -qq openssl) >&2 || die "openssl is missing and could not be installed"
-}
+need_command openssl openssl "the control plane's certificates"
 ASSETS="$("$REPO_ROOT/hack/build-control-plane.sh")"
 
 # Free loopback ports, chosen by the kernel.

@@ -29,13 +29,8 @@ image=$1 token_dir=$2; shift 2
 for f in token ca.crt namespace; do
   [[ -r "$token_dir/$f" ]] || die "$token_dir/$f is missing"
 done
-for tool in umoci runc; do
-  if ! command -v "$tool" >/dev/null; then
-    log "installing $tool (Debian)"
-    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$tool") >&2 \
-      || die "$tool is missing and could not be installed"
-  fi
-done
+need_command umoci umoci "unpacking the image"
+need_command runc runc "running the image"
 
 bundle="$(mktemp -d)"
 id="sample-controller-$$"

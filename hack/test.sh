@@ -68,10 +68,11 @@ cargo clippy --locked --all-targets --quiet -- -D warnings
 hack/verify-crds.sh
 step="3/6 Dockerfile lint"; log "$step"
 hack/lint-dockerfile.sh
-step="4/6 unit and mocked-API tests"; log "$step"
+step="4/6 unit and mocked-API tests, alert rules"; log "$step"
+need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
 failing=() # steps whose tests failed; the rest still run
-run_tests --lib --bins --test reconcile_mock || failing+=("unit and mocked-API tests")
-ran_all "unittests src/lib.rs" "tests/reconcile_mock.rs" || failing+=("unit and mocked-API suites")
+run_tests --lib --bins --test reconcile_mock --test alerts || failing+=("unit and mocked-API tests, alert rules")
+ran_all "unittests src/lib.rs" "tests/reconcile_mock.rs" "tests/alerts.rs" || failing+=("unit and mocked-API suites")
 
 step="5/6 the image, built from Dockerfile"; log "$step"
 image="$(hack/build-image.sh)"

@@ -165,14 +165,19 @@ async fn replicas_spread_over_nodes_and_a_drain_waits_for_the_replacement_to_be_
     );
 }
 
-/// The labels Kubernetes recommends, on every object deploy/ makes (and
+/// The labels Kubernetes recommends, on every object deploy/ and
+/// deploy/monitoring/ make (and
 /// the version being this build's, as the image tag is).
 #[test]
 fn every_object_in_deploy_carries_the_recommended_labels_of_this_version() {
     let version = env!("CARGO_PKG_VERSION");
-    let mut files: Vec<_> = std::fs::read_dir("deploy").unwrap().map(|e| e.unwrap().path()).collect();
-    files.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
-    assert!(files.len() >= 7, "{files:?}");
+    let mut files: Vec<_> = ["deploy", "deploy/monitoring"]
+        .into_iter()
+        .flat_map(|dir| std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    assert!(files.len() >= 14, "{files:?}");
     for path in files {
         let text = std::fs::read_to_string(&path).unwrap();
         let objects: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();

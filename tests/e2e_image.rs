@@ -144,7 +144,16 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
     for path in ["/healthz", "/readyz"] {
         assert_eq!(http_get(op.0.probes, path).await.map(|r| r.0), Some(200), "{path}");
     }
-    let (_, metrics) = http_get(op.0.metrics, "/metrics").await.expect("/metrics");
+    // Secure metrics, as deploy/ serves them: HTTPS, for a token allowed to
+    // read them (and no one else).
+    let scraper = TestNamespace::new("image-scraper").await;
+    let token = metrics_reader_token(&scraper.name, "scraper");
+    assert_eq!(https_get(op.0.metrics, "/metrics", None, &[]).0, 401, "metrics without a token");
+    let metrics = wait_until("the scraper's token to be allowed", TIMEOUT, || async {
+        let (code, _, body) = https_get(op.0.metrics, "/metrics", Some(&token), &[]);
+        (code == 200).then_some(body)
+    })
+    .await;
     let leading = metric_value(&metrics, "leader_election_master_status{name=\"sample-controller\"}");
     assert_eq!(leading, Some(1.0), "it leads with deploy/'s --leader-elect");
     let synced = metric_value(&metrics, SUCCESS_SERIES).unwrap_or_default();

@@ -14,6 +14,7 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::leader::{Elector, LeaderConfig};
+use sample_controller::metrics_auth::{Access, MetricsAuth};
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
@@ -67,7 +68,7 @@ fn granted(namespace: &str) -> BTreeSet<String> {
 }
 
 /// deploy/'s grants, exactly: README's RBAC section.
-const CONTROLLER: [&str; 12] = [
+const CONTROLLER: [&str; 14] = [
     "deployments.apps create",
     "deployments.apps delete",
     "deployments.apps get",
@@ -80,6 +81,8 @@ const CONTROLLER: [&str; 12] = [
     "foos.samplecontroller.k8s.io watch",
     "foos.samplecontroller.k8s.io/finalizers update",
     "foos.samplecontroller.k8s.io/status patch",
+    "subjectaccessreviews.authorization.k8s.io create",
+    "tokenreviews.authentication.k8s.io create",
 ];
 const LEADER_ELECTION: [&str; 5] = [
     "leases.coordination.k8s.io create",
@@ -242,6 +245,13 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     leader.release().await;
     waiting.await.unwrap();
 
+    // A secure-metrics scrape, reviewed as the ServiceAccount: a
+    // TokenReview of the scraper's token, a SubjectAccessReview of its user.
+    let scraper = kubectl_ok(&["create", "token", SA, "-n", NS]);
+    let auth = MetricsAuth::new(service_account_client(NS, SA).await);
+    let access = auth.check(Some(&format!("Bearer {}", scraper.trim()))).await.expect("review the scraper");
+    assert_eq!(access, Access::Forbidden, "the operator's own ServiceAccount may not read metrics");
+
     // Every verb granted was used, as the API server's audit log shows. Not
     // foos/finalizers: an admission check on the Deployment create, never a
     // request of its own (the creates above would have been refused).
@@ -311,4 +321,36 @@ async fn the_service_account_has_no_verb_the_controller_does_not_use() {
     .filter(|verb| can_i(verb))
     .collect();
     assert!(extra.is_empty(), "the ServiceAccount must not be able to {extra:?}");
+}
+
+/// A client acting as `user`, an ordinary authenticated user.
+async fn user_client(user: &str) -> kube::Client {
+    let mut cfg = config().await;
+    cfg.auth_info.impersonate = Some(user.into());
+    cfg.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
+    kube::Client::try_from(cfg).expect("client")
+}
+
+#[tokio::test]
+async fn a_namespace_editor_can_create_foos_and_a_viewer_can_only_read_them() {
+    installed();
+    let ns = TestNamespace::new("foo-roles").await;
+    ns.kubectl_ok(&["create", "rolebinding", "jane-edits", "--clusterrole=edit", "--user=jane"]);
+    ns.kubectl_ok(&["create", "rolebinding", "joe-views", "--clusterrole=view", "--user=joe"]);
+    let as_jane: Api<Foo> = Api::namespaced(user_client("jane").await, &ns.name);
+    let as_joe: Api<Foo> = Api::namespaced(user_client("joe").await, &ns.name);
+    let foo = Foo::new("by-jane", FooSpec { deployment_name: "by-jane".into(), replicas: Some(1) });
+    // The controller-manager folds the Foo roles into edit and view.
+    wait_until("an editor to create a Foo", TIMEOUT, || async {
+        as_jane.create(&PostParams::default(), &foo).await.ok()
+    })
+    .await;
+    let read = wait_until("a viewer to read it", TIMEOUT, || async { as_joe.get("by-jane").await.ok() }).await;
+    assert_eq!(read.spec.deployment_name, "by-jane");
+    let joes = Foo::new("by-joe", FooSpec { deployment_name: "by-joe".into(), replicas: Some(1) });
+    let refused = as_joe.create(&PostParams::default(), &joes).await.unwrap_err();
+    assert!(matches!(&refused, kube::Error::Api(s) if s.code == 403), "a viewer created a Foo: {refused}");
+    let scaled =
+        as_jane.patch("by-jane", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "replicas": 2 } }))).await;
+    assert!(scaled.is_ok(), "an editor cannot change a Foo: {scaled:?}");
 }

@@ -368,6 +368,33 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body))
 }
 
+/// GET over HTTPS with curl (the certificate is self-signed), with a
+/// bearer token if any: (status code, HTTP version, body).
+pub fn https_get(port: u16, path: &str, token: Option<&str>, extra: &[&str]) -> (u16, String, String) {
+    let url = format!("https://127.0.0.1:{port}{path}");
+    let mut curl = Command::new("curl");
+    curl.args(["-sk", "-w", "\n%{http_code} %{http_version}", &url]).args(extra);
+    if let Some(token) = token {
+        curl.args(["-H", &format!("Authorization: Bearer {token}")]);
+    }
+    let out = curl.output().expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap_or_default();
+    let (code, version) = status.split_once(' ').unwrap_or_default();
+    (code.parse().unwrap_or_default(), version.to_owned(), body.to_owned())
+}
+
+/// A ServiceAccount `name` in `namespace` bound to deploy/'s metrics-reader
+/// ClusterRole, and a token for it.
+pub fn metrics_reader_token(namespace: &str, name: &str) -> String {
+    kubectl_ok(&["apply", "-f", "deploy/08-metrics-reader-role.yaml"]);
+    kubectl_ok(&["create", "serviceaccount", name, "-n", namespace]);
+    let binding = format!("{namespace}-{name}");
+    let subject = format!("--serviceaccount={namespace}:{name}");
+    kubectl_ok(&["create", "clusterrolebinding", &binding, "--clusterrole=sample-controller-metrics-reader", &subject]);
+    kubectl_ok(&["create", "token", name, "-n", namespace]).trim().to_owned()
+}
+
 /// The value of the first sample whose line starts with `series`.
 pub async fn metric(op: &Operator, series: &str) -> Option<f64> {
     let (_, body) = http_get(op.metrics, "/metrics").await?;
