@@ -21,10 +21,10 @@ use kube::{Api, Resource, ResourceExt};
 use tokio::sync::OnceCell;
 use tracing::{info, warn};
 
-use crate::controller::field_manager;
 use crate::decision::DeploymentPatch;
 use crate::deployment::{DeploymentView, controller_of, has_managed_label, unmanaged_selector};
 use crate::foo::Foo;
+use crate::sync::patch_params;
 
 /// The adoption pass of one controller run: runs once, the first time a
 /// sync needs it; concurrent syncs wait for it.
@@ -79,7 +79,7 @@ impl Adoption {
         let candidates = api.list_metadata(&ListParams::default().labels(&unmanaged_selector())).await?;
         let patches: Vec<(String, DeploymentPatch)> =
             candidates.items.iter().filter_map(|d| Some((d.namespace()?, adoption_patch(d, foo_uid)?))).collect();
-        let pp = field_manager();
+        let pp = patch_params();
         let count = futures::stream::iter(patches)
             // No longer leading: the syncs fail on their own checks, and the
             // next leader's pass adopts what is left.

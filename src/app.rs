@@ -14,12 +14,13 @@ use tracing::info;
 
 use crate::cli::Cli;
 use crate::client;
-use crate::controller::{self, Caches, Context, Settings};
+use crate::controller::{self, Caches, Settings};
 use crate::foo::Foo;
 use crate::http::{self, Readiness};
 use crate::leader::{Elector, Fence, LeaderConfig, check_timing, default_identity};
 use crate::metrics::Metrics;
 use crate::metrics_auth::MetricsAuth;
+use crate::sync::Context;
 use crate::tls;
 use crate::{Error, Result};
 

@@ -18,7 +18,9 @@
 
 use std::collections::HashMap;
 use std::fmt::Debug;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
@@ -104,7 +106,7 @@ where
     /// true`) has `uid`, as [`Cache::get`] sees them: found through an index,
     /// so a sync costs the same with ten or ten thousand objects cached.
     pub fn controlled_by(&self, uid: &str) -> Vec<Arc<K>> {
-        let keys = lock(&self.controlled).keys(uid);
+        let keys = self.controlled.lock().keys(uid);
         keys.iter().filter_map(|key| self.get(key)).filter(|obj| controller_uid(&**obj) == Some(uid)).collect()
     }
 
@@ -135,30 +137,25 @@ where
         match event {
             watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                 self.written().observe(obj);
-                lock(&self.controlled).apply(obj);
+                self.controlled.lock().apply(obj);
             }
             watcher::Event::Delete(obj) => {
                 self.written().observe(obj);
-                lock(&self.controlled).remove(&ObjectRef::from_obj(obj));
+                self.controlled.lock().remove(&ObjectRef::from_obj(obj));
             }
             watcher::Event::InitDone => {
                 // A relist replaced the store: objects deleted while the
                 // watch was down must leave the index too.
-                *lock(&self.controlled) = ByController::of(self.store.state());
+                *self.controlled.lock() = ByController::of(self.store.state());
                 self.synced.send_replace(true);
             }
             watcher::Event::Init => {}
         }
     }
 
-    fn written(&self) -> std::sync::MutexGuard<'_, Written<K>> {
-        lock(&self.written)
+    fn written(&self) -> parking_lot::MutexGuard<'_, Written<K>> {
+        self.written.lock()
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // A panic elsewhere cannot leave these maps half-written: keep using them.
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The uid of `obj`'s controller, if it has one.

@@ -5,6 +5,7 @@
 //! events to emit and how the sync ends. `controller.rs` carries it out and
 //! does nothing else, so every branch is tested here without a server.
 
+use kube::runtime::events::EventType;
 use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::Deployment;
@@ -24,7 +25,7 @@ pub enum DeploymentAction {
     /// our label: patch what differs.
     Patch(DeploymentPatch),
     /// It is ours and in sync, or it cannot be touched: no write.
-    None,
+    Keep,
 }
 
 /// A merge patch of a Deployment the Foo controls, made only if the object is
@@ -72,7 +73,7 @@ pub struct StaleDeployment {
 /// An Event to publish about the Foo.
 #[derive(Clone, Debug, PartialEq)]
 pub struct EventSpec {
-    pub warning: bool,
+    pub type_: EventType,
     pub reason: &'static str,
     pub message: String,
 }
@@ -80,7 +81,7 @@ pub struct EventSpec {
 /// How the sync ends.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Outcome {
-    /// Done; look again on the next change (and the periodic safety resync).
+    /// Done; look again on the next change.
     Synced,
     /// The Foo names a Deployment another owner controls: fail the sync so
     /// it is retried with backoff, as upstream does.
@@ -104,7 +105,7 @@ pub struct Plan {
 impl Plan {
     /// True when the plan writes anything to the API (events aside).
     pub fn writes(&self) -> bool {
-        self.deployment != DeploymentAction::None || !self.delete.is_empty() || self.status.is_some()
+        self.deployment != DeploymentAction::Keep || !self.delete.is_empty() || self.status.is_some()
     }
 }
 
@@ -166,7 +167,7 @@ pub fn decide(foo: &Foo, current: Option<&DeploymentView>, owned: &[Arc<Deployme
 fn refusal(foo: &Foo, reason: &'static str, message: String, outcome: Outcome, now: &Time) -> Plan {
     let status = status_with(foo, 0, ready(false, reason, message.clone()), now);
     let events = if status.is_some() { vec![warning(reason, message)] } else { vec![] };
-    Plan { deployment: DeploymentAction::None, delete: vec![], status, events, outcome }
+    Plan { deployment: DeploymentAction::Keep, delete: vec![], status, events, outcome }
 }
 
 /// Patch our Deployment `d`: its replicas when the Foo asks for others, our
@@ -176,7 +177,7 @@ fn patch(foo: &Foo, d: &DeploymentView) -> DeploymentAction {
     let replicas = foo.spec.replicas.filter(|want| *want != d.spec_replicas());
     let adopt = !d.is_managed();
     if replicas.is_none() && !adopt {
-        return DeploymentAction::None;
+        return DeploymentAction::Keep;
     }
     DeploymentAction::Patch(DeploymentPatch {
         name: foo.spec.deployment_name.clone(),
@@ -242,11 +243,11 @@ fn status_with(foo: &Foo, available: i32, mut cond: Condition, now: &Time) -> Op
 }
 
 fn warning(reason: &'static str, message: String) -> EventSpec {
-    EventSpec { warning: true, reason, message }
+    EventSpec { type_: EventType::Warning, reason, message }
 }
 
 fn normal(reason: &'static str, message: String) -> EventSpec {
-    EventSpec { warning: false, reason, message }
+    EventSpec { type_: EventType::Normal, reason, message }
 }
 
 #[cfg(test)]
@@ -304,7 +305,7 @@ mod tests {
         let d = DeploymentView::owned_by(&foo).replicas(2).available(2);
         // First sync records the status...
         let first = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
-        assert_eq!(first.deployment, DeploymentAction::None);
+        assert_eq!(first.deployment, DeploymentAction::Keep);
         assert!(first.status.is_some());
         // ...and the next one, with that status in place, writes nothing and
         // emits nothing, even at a later time.
@@ -370,7 +371,7 @@ mod tests {
         let foo = Foo::test("example-foo").replicas(1);
         let someone_elses = DeploymentView::made_by_upstream(&foo.clone().uid("uid-predecessor"));
         let plan = decide(&foo, Some(&someone_elses), &[], &now());
-        assert_eq!(plan.deployment, DeploymentAction::None);
+        assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
     }
 
@@ -379,7 +380,7 @@ mod tests {
         let foo = Foo::test("example-foo").unset_replicas();
         let d = DeploymentView::owned_by(&foo).replicas(4).available(4);
         let plan = decide(&foo, Some(&d), &[], &now());
-        assert_eq!(plan.deployment, DeploymentAction::None);
+        assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert_eq!(plan.status.unwrap().conditions[0].status, "True");
     }
 
@@ -388,10 +389,10 @@ mod tests {
         let foo = Foo::test("example-foo").replicas(3);
         let d = DeploymentView::foreign("example-foo").replicas(1);
         let plan = decide(&foo, Some(&d), &[], &now());
-        assert_eq!(plan.deployment, DeploymentAction::None);
+        assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert!(plan.delete.is_empty());
         assert_eq!(plan.events.len(), 1);
-        assert!(plan.events[0].warning);
+        assert_eq!(plan.events[0].type_, EventType::Warning);
         assert_eq!(plan.events[0].reason, "ErrResourceExists");
         assert_eq!(plan.events[0].message, r#"Resource "example-foo" already exists and is not managed by Foo"#);
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
@@ -418,7 +419,7 @@ mod tests {
         let foo = with_status(foo, &first);
         let ready = DeploymentView::owned_by(&foo).replicas(2).available(2);
         let plan = decide(&foo, Some(&ready), &[], &now());
-        assert_eq!(plan.deployment, DeploymentAction::None);
+        assert_eq!(plan.deployment, DeploymentAction::Keep);
         let status = plan.status.as_ref().unwrap();
         assert_eq!(status.available_replicas, 2);
         assert_eq!(status.conditions[0].status, "True");
@@ -515,10 +516,10 @@ mod tests {
     fn empty_deployment_name_warns_and_waits_for_a_change() {
         let foo = Foo::test("example-foo").deployment("").replicas(1);
         let plan = decide(&foo, None, &[], &now());
-        assert_eq!(plan.deployment, DeploymentAction::None);
+        assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert_eq!(plan.outcome, Outcome::InvalidSpec);
         assert_eq!(plan.events.len(), 1);
-        assert!(plan.events[0].warning);
+        assert_eq!(plan.events[0].type_, EventType::Warning);
         assert_eq!(plan.events[0].reason, REASON_INVALID_SPEC);
         assert_eq!(plan.status.as_ref().unwrap().conditions[0].reason, REASON_INVALID_SPEC);
         // The next sync neither writes the status again nor repeats the event.
@@ -666,7 +667,7 @@ mod properties {
                 }
                 d
             }),
-            DeploymentAction::None => current.cloned(),
+            DeploymentAction::Keep => current.cloned(),
         };
         let owned = owned.iter().filter(|d| !plan.delete.iter().any(|s| s.name == d.name_any())).cloned().collect();
         (foo, current, owned)
@@ -688,7 +689,7 @@ mod properties {
                     let d = current.as_ref().filter(|d| is_controlled_by(*d, &foo));
                     prop_assert!(d.is_some_and(|d| d.uid() == p.uid && d.resource_version() == p.resource_version), "{p:?}");
                 }
-                DeploymentAction::None => {}
+                DeploymentAction::Keep => {}
             }
             for stale in &plan.delete {
                 let d = owned.iter().find(|d| d.name_any() == stale.name);

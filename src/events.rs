@@ -13,12 +13,14 @@
 //! after more than that many others starts a new Event instead of a series
 //! (same number of requests; `kubectl describe` lists it twice).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Event, Recorder, Reporter};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -82,7 +84,7 @@ impl Publisher {
 
     /// Queue `ev` about `regarding`; never waits.
     pub fn publish(&self, ev: EventSpec, regarding: ObjectReference) {
-        let queue = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let queue = self.queue.lock();
         let Some(tx) = queue.as_ref() else { return };
         if let Err(e) = tx.try_send((ev, regarding)) {
             let (ev, _) = e.into_inner();
@@ -93,8 +95,8 @@ impl Publisher {
     /// Send what is queued (for at most `grace`), then stop. For a graceful
     /// shutdown; a replica that lost its lease calls [`Publisher::abort`].
     pub async fn flush(&self, grace: Duration) {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let task = self.task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        self.queue.lock().take();
+        let task = self.task.lock().take();
         if let Some(mut task) = task
             && tokio::time::timeout(grace, &mut task).await.is_err()
         {
@@ -105,8 +107,8 @@ impl Publisher {
 
     /// Stop at once, dropping what is queued.
     pub fn abort(&self) {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(task) = self.task.lock().unwrap_or_else(|e| e.into_inner()).take() {
+        self.queue.lock().take();
+        if let Some(task) = self.task.lock().take() {
             task.abort();
         }
     }
@@ -120,7 +122,7 @@ impl Drop for Publisher {
 
 async fn send(recorder: &Recorder, ev: &EventSpec, regarding: &ObjectReference) {
     let event = Event {
-        type_: if ev.warning { EventType::Warning } else { EventType::Normal },
+        type_: ev.type_,
         reason: ev.reason.into(),
         note: Some(ev.message.clone()),
         action: ACTION_RECONCILE.into(),
@@ -136,10 +138,11 @@ mod tests {
     use super::*;
     use http::{Method, Request, Response};
     use kube::client::Body;
+    use kube::runtime::events::EventType;
     use serde_json::Value;
 
     fn synced() -> EventSpec {
-        EventSpec { warning: false, reason: "Synced", message: "Foo synced successfully".into() }
+        EventSpec { type_: EventType::Normal, reason: "Synced", message: "Foo synced successfully".into() }
     }
 
     fn foo(name: &str) -> ObjectReference {

@@ -14,7 +14,9 @@
 //! leadership.
 
 use std::pin::pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -80,11 +82,11 @@ impl Fence {
 
     /// True while the last renewal is within the renew deadline.
     pub fn holds(&self) -> bool {
-        self.valid_until.lock().unwrap_or_else(|e| e.into_inner()).is_some_and(|until| Instant::now() < until)
+        self.valid_until.lock().is_some_and(|until| Instant::now() < until)
     }
 
     fn renewed(&self, attempt: Instant, deadline: Duration) {
-        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = Some(attempt + deadline);
+        *self.valid_until.lock() = Some(attempt + deadline);
     }
 }
 

@@ -4,8 +4,9 @@
 //! A module per concept: [`foo`] the API type, [`deployment`] the Deployment
 //! a Foo asks for, [`decision`] what a sync does (pure), [`cache`] what the
 //! watches keep, [`adoption`] taking over what upstream's controller made,
-//! [`controller`] the kube-runtime wiring that carries
-//! decisions out, [`events`] their Events, [`constants`] every name put on
+//! [`controller`] the watches that trigger syncs, [`sync`] carrying a
+//! sync's plan out, [`retry`] when a failed one runs again, [`events`] their
+//! Events, [`constants`] every name put on
 //! the wire, plus the process around them: [`app`], [`cli`], [`client`],
 //! [`telemetry`], [`metrics`] (with [`workqueue`]), [`http`] and [`leader`].
 
@@ -24,6 +25,8 @@ pub mod http;
 pub mod leader;
 pub mod metrics;
 pub mod metrics_auth;
+pub mod retry;
+pub mod sync;
 pub mod telemetry;
 pub mod tls;
 pub mod workqueue;
@@ -40,7 +43,7 @@ pub enum Error {
     #[error("Foo {foo}: {action}: {source}")]
     Api {
         foo: String,
-        action: &'static str,
+        action: ApiAction,
         #[source]
         source: kube::Error,
     },
@@ -100,6 +103,28 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The request of a sync that failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ApiAction {
+    CreateDeployment,
+    GetDeployment,
+    PatchDeployment,
+    DeleteOldDeployment,
+    PatchFooStatus,
+}
+
+impl std::fmt::Display for ApiAction {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ApiAction::CreateDeployment => "create Deployment",
+            ApiAction::GetDeployment => "get Deployment",
+            ApiAction::PatchDeployment => "patch Deployment",
+            ApiAction::DeleteOldDeployment => "delete old Deployment",
+            ApiAction::PatchFooStatus => "update Foo status",
+        })
+    }
 }
 
 impl Error {

@@ -21,7 +21,7 @@ use kube::runtime::controller::Action;
 
 use crate::Error;
 use crate::constants::METRICS_CONTROLLER_LABEL;
-use crate::workqueue::Workqueue;
+use crate::workqueue::QueueMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -71,7 +71,7 @@ pub struct Metrics {
     max_workers: Family<ControllerLabels, Gauge>,
     leader: Family<LeaseLabels, Gauge>,
     /// The reconcile queue, as client-go's workqueue metrics.
-    pub queue: Arc<Workqueue>,
+    pub queue: Arc<QueueMetrics>,
     /// Every API request, by code, method and host.
     pub rest_requests: Family<RestLabels, Counter>,
 }
@@ -269,11 +269,18 @@ impl ProcStat {
         Some(ProcStat {
             cpu_seconds: (field(14)? + field(15)?) / TICKS_PER_SECOND,
             virtual_bytes: field(23)?,
-            resident_bytes: field(24)? * 4096.0,
+            // VmRSS is in kB whatever the page size (4 KiB on x86-64, often
+            // 64 KiB on arm64), where stat's rss counts pages.
+            resident_bytes: resident_kib()? * 1024.0,
             start_time: boot_time + field(22)? / TICKS_PER_SECOND,
             open_fds: std::fs::read_dir("/proc/self/fd").map(|d| d.count() as f64).unwrap_or(0.0),
         })
     }
+}
+
+fn resident_kib() -> Option<f64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -284,6 +291,13 @@ mod tests {
     fn value(m: &Metrics, series: &str) -> f64 {
         let text = m.encode();
         metric_value(&text, series).unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    }
+
+    #[test]
+    fn resident_memory_is_read_in_bytes_whatever_the_page_size() {
+        let bytes = resident_kib().unwrap() * 1024.0;
+        // A test process holds more than a megabyte and less than a gigabyte.
+        assert!((1e6..1e9).contains(&bytes), "{bytes}");
     }
 
     #[test]

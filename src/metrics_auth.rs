@@ -8,8 +8,8 @@
 //! for a minute if allowed and ten seconds if not, so Prometheus scraping
 //! every 15 s costs the API server two requests a minute, not two a scrape.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
@@ -88,12 +88,12 @@ impl MetricsAuth {
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<Access> {
-        let cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let cache = self.cache.lock();
         cache.get(key).filter(|(_, until)| Instant::now() < *until).map(|(access, _)| *access)
     }
 
     fn remember(&self, key: [u8; 32], access: Access) {
-        let mut cache = self.cache.lock().unwrap_or_else(|e| e.into_inner());
+        let mut cache = self.cache.lock();
         let now = Instant::now();
         if cache.len() >= MAX_CACHED {
             cache.retain(|_, (_, until)| now < *until);

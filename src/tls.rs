@@ -7,7 +7,9 @@
 //! default since the HTTP/2 rapid-reset attacks (CVE-2023-44487).
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 use std::time::SystemTime;
 
 use tokio_rustls::rustls::crypto::ring::{default_provider, sign::any_supported_type};
@@ -73,7 +75,7 @@ impl Certificates {
     /// The certificate to serve now: read again if its file changed. A
     /// file that cannot be read (a Secret being rewritten) keeps the last one.
     fn current(&self) -> Arc<CertifiedKey> {
-        let mut current = self.current.lock().unwrap_or_else(|e| e.into_inner());
+        let mut current = self.current.lock();
         if let Some(dir) = &self.dir
             && modified(dir) != current.modified
         {

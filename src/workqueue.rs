@@ -15,8 +15,8 @@
 //! while the same Foo is being synced counts as an add, as in client-go, but
 //! kube-runtime may fold it into the running sync's successor differently.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -35,7 +35,7 @@ fn duration_buckets() -> impl Iterator<Item = f64> {
 
 /// The workqueue's metrics and the bookkeeping behind them.
 #[derive(Debug)]
-pub struct Workqueue {
+pub struct QueueMetrics {
     adds: Counter,
     retries: Counter,
     queue_duration: Histogram,
@@ -54,7 +54,7 @@ struct State {
 
 /// Held while a sync runs; records its work duration when dropped.
 pub struct Working<'a> {
-    queue: &'a Workqueue,
+    queue: &'a QueueMetrics,
     id: u64,
     started: Instant,
 }
@@ -66,9 +66,9 @@ impl Drop for Working<'_> {
     }
 }
 
-impl Default for Workqueue {
+impl Default for QueueMetrics {
     fn default() -> Self {
-        Workqueue {
+        QueueMetrics {
             adds: Counter::default(),
             retries: Counter::default(),
             queue_duration: Histogram::new(duration_buckets()),
@@ -78,7 +78,7 @@ impl Default for Workqueue {
     }
 }
 
-impl Workqueue {
+impl QueueMetrics {
     /// Register the families under `registry`'s prefix-free names with the
     /// labels `name` and `controller` set to `controller`.
     pub fn register(self: &std::sync::Arc<Self>, registry: &mut Registry, controller: &str) {
@@ -131,8 +131,8 @@ impl Workqueue {
         Working { queue: self, id, started: now }
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    fn state(&self) -> parking_lot::MutexGuard<'_, State> {
+        self.state.lock()
     }
 
     /// Depth, unfinished work and the longest running sync, now.
@@ -147,7 +147,7 @@ impl Workqueue {
 }
 
 /// The gauges computed at scrape time.
-impl prometheus_client::collector::Collector for Workqueue {
+impl prometheus_client::collector::Collector for QueueMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let (depth, unfinished, longest) = self.snapshot();
         let gauges: [(&str, &str, ConstGauge<f64>); 3] = [
@@ -176,7 +176,7 @@ mod tests {
 
     #[test]
     fn depth_counts_distinct_due_foos_and_a_sync_takes_one_off() {
-        let q = Workqueue::default();
+        let q = QueueMetrics::default();
         q.added("ns/a".into());
         q.added("ns/a".into());
         q.added("ns/b".into());

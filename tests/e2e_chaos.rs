@@ -155,7 +155,7 @@ async fn end_state(ns: &TestNamespace) -> Result<(), String> {
         }
         // And the controller's own rule agrees that nothing is left to do.
         let next = decide(foo, Some(&DeploymentView::from((*d).clone())), &[], &Time(Timestamp::now()));
-        if next.deployment != DeploymentAction::None || next.status.is_some() {
+        if next.deployment != DeploymentAction::Keep || next.status.is_some() {
             return Err(format!("Foo {} not in sync: a sync would still {next:?}", foo.name_any()));
         }
     }

@@ -13,7 +13,7 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use sample_controller::controller::Context;
+use sample_controller::sync::Context;
 use sample_controller::testing::metric_value;
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
@@ -279,7 +279,7 @@ async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overw
         async move {
             let caches = caches_holding(std::slice::from_ref(&foo), &cached).await;
             let ctx = std::sync::Arc::new(Context::new(client, caches, metrics, None, None));
-            sample_controller::controller::reconcile(std::sync::Arc::new(foo), ctx).await
+            sample_controller::sync::reconcile(std::sync::Arc::new(foo), ctx).await
         }
     };
     let foos: Api<Foo> = ns.api();

@@ -16,13 +16,14 @@ use kube::core::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use sample_controller::adoption::Adoption;
-use sample_controller::controller::{Context, error_policy, reconcile};
 use sample_controller::decision::decide;
 use sample_controller::deployment::{DeploymentView, desired_deployment};
 use sample_controller::leader::Fence;
 use sample_controller::metrics::Metrics;
+use sample_controller::retry::error_policy;
+use sample_controller::sync::{Context, reconcile};
 use sample_controller::testing::{DeploymentFixture, FooFixture};
-use sample_controller::{Error, Foo};
+use sample_controller::{ApiAction, Error, Foo};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 
@@ -381,7 +382,7 @@ async fn api_errors_fail_the_sync_without_panicking() {
     let boom = status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "etcdserver: request timed out");
     let scenario = vec![expect(Method::POST, DEPLOYMENTS).reply(StatusCode::INTERNAL_SERVER_ERROR, boom)];
     let err = mock.sync(&foo, scenario).await.unwrap_err();
-    assert!(matches!(err, Error::Api { action: "create Deployment", .. }), "{err}");
+    assert!(matches!(err, Error::Api { action: ApiAction::CreateDeployment, .. }), "{err}");
     assert!(err.to_string().starts_with("Foo default/example-foo: create Deployment"), "{err}");
 }
 

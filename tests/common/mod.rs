@@ -21,10 +21,11 @@ use sample_controller::Foo;
 use sample_controller::adoption::Adoption;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
 use sample_controller::constants::{CONTROLLER_NAME, USER_AGENT};
-use sample_controller::controller::{self, Caches, Context, Settings};
+use sample_controller::controller::{self, Caches, Settings};
 use sample_controller::deployment::DeploymentView;
 use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
 use sample_controller::metrics::Metrics;
+use sample_controller::sync::Context;
 use serde_json::json;
 
 pub const KUBECONFIG_ENV: &str = "SAMPLE_CONTROLLER_TEST_KUBECONFIG";

@@ -1,0 +1,83 @@
+//! When a failed sync is tried again: per Foo, an exponential backoff
+//! from upstream's workqueue defaults, reset by the next success.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use parking_lot::Mutex;
+use tracing::{error, info, warn};
+
+use crate::Error;
+use crate::controller::queue_key;
+use crate::foo::Foo;
+use crate::sync::Context;
+
+/// Per-object retry delay after a failed sync: upstream's workqueue default,
+/// 5 ms doubling up to 1000 s.
+pub const BACKOFF_BASE: Duration = Duration::from_millis(5);
+pub const BACKOFF_MAX: Duration = Duration::from_secs(1000);
+
+/// Consecutive failures per Foo; a Foo leaves the map with its next
+/// success, or once it is deleted.
+#[derive(Default)]
+pub struct Failures {
+    counts: Mutex<HashMap<ObjectRef<Foo>, u32>>,
+}
+
+impl Failures {
+    /// The delay before the next retry of `foo`, counting this failure;
+    /// `exists` says whether a Foo is still cached.
+    pub fn next_delay(&self, foo: ObjectRef<Foo>, exists: impl Fn(&ObjectRef<Foo>) -> bool) -> Duration {
+        let mut counts = self.counts.lock();
+        if !counts.contains_key(&foo) {
+            // Forget Foos deleted while failing, so the map stays as small as
+            // the set of failing Foos.
+            counts.retain(|f, _| exists(f));
+        }
+        let n = counts.entry(foo).or_insert(0);
+        let delay = backoff_delay(*n);
+        *n = n.saturating_add(1);
+        delay
+    }
+
+    pub fn reset(&self, foo: &ObjectRef<Foo>) {
+        self.counts.lock().remove(foo);
+    }
+}
+
+/// `BACKOFF_BASE * 2^failures`, capped at `BACKOFF_MAX`.
+pub fn backoff_delay(failures: u32) -> Duration {
+    BACKOFF_BASE.checked_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX)).map_or(BACKOFF_MAX, |d| d.min(BACKOFF_MAX))
+}
+
+/// Retry a failed sync after a per-object exponential backoff.
+pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
+    let obj = ObjectRef::from_obj(&*foo);
+    let delay = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
+    ctx.metrics.queue.retried(queue_key(&obj), delay);
+    match err {
+        Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
+        // Our cached copy was behind; the retry reads the newer one.
+        e if e.is_conflict() => info!(error = %err, retry_in = ?delay, "object changed since cached; retrying"),
+        _ => error!(error = %err, retry_in = ?delay, "sync failed"),
+    }
+    Action::requeue(delay)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_from_5ms_and_caps_at_1000s() {
+        assert_eq!(backoff_delay(0), Duration::from_millis(5));
+        assert_eq!(backoff_delay(1), Duration::from_millis(10));
+        assert_eq!(backoff_delay(10), Duration::from_millis(5 * 1024));
+        assert_eq!(backoff_delay(18), Duration::from_secs(1000));
+        assert_eq!(backoff_delay(40), Duration::from_secs(1000));
+        assert_eq!(backoff_delay(u32::MAX), Duration::from_secs(1000));
+    }
+}

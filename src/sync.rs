@@ -1,0 +1,278 @@
+//! Carrying out one sync: read the caches, ask [`decide`] what to do, make
+//! the plan's writes, publish its events. The only decisions here are
+//! about requests: a create that finds the name taken reads the Deployment
+//! once and asks `decide` again; a delete or status write whose object is
+//! already gone is done.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, warn};
+
+use crate::constants::*;
+use crate::controller::{Caches, queue_key};
+use crate::decision::{DeploymentAction, Outcome, Plan, decide};
+use crate::deployment::DeploymentView;
+use crate::events::Publisher;
+use crate::foo::Foo;
+use crate::leader::{Fence, may_write};
+use crate::metrics::Metrics;
+use crate::retry::{BACKOFF_BASE, Failures};
+use crate::{ApiAction, Error, Result};
+
+/// Shared by all reconciles.
+pub struct Context {
+    pub client: Client,
+    pub caches: Caches,
+    pub events: Publisher,
+    pub metrics: Arc<Metrics>,
+    /// Under leader election: whether this replica may still write.
+    pub(crate) fence: Option<Arc<Fence>>,
+    /// Consecutive failures per Foo, for the retry backoff.
+    pub failures: Failures,
+}
+
+impl Context {
+    /// `instance` is the Events' `reportingInstance`; a `fence`, under
+    /// leader election, is checked before every write.
+    pub fn new(
+        client: Client,
+        caches: Caches,
+        metrics: Arc<Metrics>,
+        instance: Option<String>,
+        fence: Option<Arc<Fence>>,
+    ) -> Self {
+        let events = Publisher::start(client.clone(), instance, fence.clone());
+        Context { client, caches, events, metrics, fence, failures: Failures::default() }
+    }
+
+    /// `Err` once this replica may no longer write as the leader.
+    fn may_write(&self, target: &Target) -> Result<()> {
+        if may_write(self.fence.as_deref()) { Ok(()) } else { Err(Error::NotLeading { foo: target.key.clone() }) }
+    }
+}
+
+/// One sync of one Foo, timed and counted the way controller-runtime does.
+pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
+    if !may_write(ctx.fence.as_deref()) {
+        // A standby (or a leader past its renew deadline): nothing to do
+        // until it takes the Lease, which syncs every Foo.
+        return Ok(Action::await_change());
+    }
+    let obj = ObjectRef::from_obj(&*foo);
+    let _active = ctx.metrics.worker_started();
+    let _working = ctx.metrics.queue.started(&queue_key(&obj));
+    let started = Instant::now();
+    let result = sync(foo, &ctx).await;
+    ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref());
+    if result.is_ok() {
+        ctx.failures.reset(&obj);
+    }
+    result
+}
+
+/// Which Foo a sync is about, worked out once.
+struct Target {
+    namespace: String,
+    name: String,
+    /// `namespace/name`, for logs and errors.
+    key: String,
+}
+
+impl Target {
+    fn of(foo: &Foo) -> Result<Self> {
+        let name = foo.name_any();
+        let namespace = foo.namespace().ok_or_else(|| Error::MissingNamespace(name.clone()))?;
+        Ok(Target { key: format!("{namespace}/{name}"), namespace, name })
+    }
+
+    fn api_error(&self, action: ApiAction) -> impl FnOnce(kube::Error) -> Error + use<> {
+        let foo = self.key.clone();
+        move |source| Error::Api { foo, action, source }
+    }
+}
+
+/// Read the caches, decide, act. An in-sync Foo makes no request.
+async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
+    // If the cache has not yet seen our last status write, use what it returned.
+    let foo = ctx.caches.foos.latest(foo);
+    let target = Target::of(&foo)?;
+    ctx.caches.ready(ctx.fence.as_deref()).await;
+    let name = &foo.spec.deployment_name;
+    let current = (!name.is_empty())
+        .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
+        .flatten();
+    let owned = foo.uid().map(|uid| ctx.caches.deployments.controlled_by(&uid)).unwrap_or_default();
+    let now = Time(Timestamp::now());
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.namespace);
+
+    let mut plan = decide(&foo, current.as_deref(), &owned, &now);
+    log_plan(&target, &plan);
+    if write_deployment(&target, &deployments, &plan.deployment, current.as_deref(), ctx).await?
+        == DeploymentWrite::NameTaken
+    {
+        // Not in our cache, yet there: someone else's (without our label),
+        // or ours before the watch reported it. Read it once, decide again.
+        let existing = deployments
+            .get_opt(name)
+            .await
+            .map_err(target.api_error(ApiAction::GetDeployment))?
+            .map(DeploymentView::from);
+        plan = decide(&foo, existing.as_ref(), &owned, &now);
+        log_plan(&target, &plan);
+        if write_deployment(&target, &deployments, &plan.deployment, existing.as_ref(), ctx).await?
+            != DeploymentWrite::Done
+        {
+            // Deleted again in between: start over.
+            return Ok(Action::requeue(BACKOFF_BASE));
+        }
+    }
+    delete_stale(&target, &deployments, &plan, &owned, ctx).await?;
+    write_status(&target, &foo, &plan, ctx).await?;
+    for ev in &plan.events {
+        ctx.events.publish(ev.clone(), foo.object_ref(&()));
+    }
+
+    match plan.outcome {
+        Outcome::Synced => Ok(Action::await_change()),
+        Outcome::ResourceExists { deployment } => Err(Error::ResourceExists { foo: target.key, deployment }),
+        Outcome::InvalidSpec => {
+            warn!(foo = %target.key, "{MESSAGE_EMPTY_DEPLOYMENT_NAME}");
+            // Retrying cannot help; the next edit of the Foo triggers a sync.
+            Ok(Action::await_change())
+        }
+    }
+}
+
+fn log_plan(target: &Target, plan: &Plan) {
+    if plan.writes() {
+        info!(foo = %target.key, plan = %summary(plan), "syncing");
+    }
+}
+
+/// Every patch's parameters: our field manager.
+pub(crate) fn patch_params() -> PatchParams {
+    PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
+}
+
+/// Every create's parameters: our field manager.
+pub(crate) fn post_params() -> PostParams {
+    PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }
+}
+
+/// How the Deployment write went.
+#[derive(Debug, PartialEq)]
+enum DeploymentWrite {
+    Done,
+    /// A create found a Deployment of that name that the cache lacks.
+    NameTaken,
+}
+
+/// The plan's one write to the Deployment named by the Foo, recorded in the
+/// cache so the syncs it triggers do not repeat it.
+async fn write_deployment(
+    target: &Target,
+    api: &Api<Deployment>,
+    action: &DeploymentAction,
+    current: Option<&DeploymentView>,
+    ctx: &Context,
+) -> Result<DeploymentWrite> {
+    if *action != DeploymentAction::Keep {
+        ctx.may_write(target)?;
+    }
+    let written = match action {
+        DeploymentAction::Keep => return Ok(DeploymentWrite::Done),
+        DeploymentAction::Create(d) => {
+            // A create, not an apply: a Deployment of that name that we do
+            // not know is never taken over.
+            match api.create(&post_params(), d).await {
+                Ok(created) => created,
+                Err(kube::Error::Api(s)) if s.is_already_exists() => return Ok(DeploymentWrite::NameTaken),
+                Err(e) => return Err(target.api_error(ApiAction::CreateDeployment)(e)),
+            }
+        }
+        DeploymentAction::Patch(patch) => {
+            // Only what differs is written, so fields set by other tools
+            // survive (upstream replaces the whole object). The uid and
+            // resourceVersion make it conditional on the object we checked:
+            // if the cache was behind, this is a conflict and a retry.
+            api.patch(&patch.name, &patch_params(), &Patch::Merge(patch.body()))
+                .await
+                .map_err(target.api_error(ApiAction::PatchDeployment))?
+        }
+    };
+    ctx.caches.deployments.wrote(current, Some(written.into()));
+    Ok(DeploymentWrite::Done)
+}
+
+/// Delete the Deployments the Foo controlled under a former name.
+async fn delete_stale(
+    target: &Target,
+    api: &Api<Deployment>,
+    plan: &Plan,
+    owned: &[Arc<DeploymentView>],
+    ctx: &Context,
+) -> Result<()> {
+    for stale in &plan.delete {
+        ctx.may_write(target)?;
+        let dp = DeleteParams {
+            preconditions: Some(Preconditions { uid: stale.uid.clone(), resource_version: None }),
+            ..DeleteParams::background()
+        };
+        match api.delete(&stale.name, &dp).await {
+            Ok(_) => {}
+            // Already gone, or replaced by an object we did not check: leave it.
+            Err(kube::Error::Api(s)) if s.is_not_found() || s.is_conflict() => {}
+            Err(e) => return Err(target.api_error(ApiAction::DeleteOldDeployment)(e)),
+        }
+        if let Some(before) = owned.iter().find(|d| d.name_any() == stale.name) {
+            ctx.caches.deployments.wrote(Some(before), None);
+        }
+    }
+    Ok(())
+}
+
+/// Write the plan's status, if any, through the status subresource.
+async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) -> Result<()> {
+    let Some(status) = &plan.status else { return Ok(()) };
+    ctx.may_write(target)?;
+    let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
+    let patch = json!({ "status": status });
+    match foos.patch_status(&target.name, &patch_params(), &Patch::Merge(&patch)).await {
+        Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated)),
+        // Deleted meanwhile: the garbage collector takes it from here.
+        Err(kube::Error::Api(s)) if s.is_not_found() => {}
+        Err(e) => return Err(target.api_error(ApiAction::PatchFooStatus)(e)),
+    }
+    Ok(())
+}
+
+/// One line for the log: what the plan writes.
+fn summary(plan: &Plan) -> String {
+    let mut parts = Vec::new();
+    match &plan.deployment {
+        DeploymentAction::Create(d) => parts.push(format!("create Deployment {}", d.name_any())),
+        DeploymentAction::Patch(p) => {
+            if p.adopt {
+                parts.push(format!("adopt Deployment {}", p.name));
+            }
+            if let Some(replicas) = p.replicas {
+                parts.push(format!("scale Deployment {} to {replicas}", p.name));
+            }
+        }
+        DeploymentAction::Keep => {}
+    }
+    parts.extend(plan.delete.iter().map(|s| format!("delete Deployment {}", s.name)));
+    if plan.status.is_some() {
+        parts.push("update status".into());
+    }
+    parts.join(", ")
+}
