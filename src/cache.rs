@@ -37,7 +37,7 @@ pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     /// What is dropped from every object before it is kept.
     trim: fn(&mut K),
-    written: Mutex<Written<K>>,
+    written: Mutex<OwnWrites<K>>,
     controlled: Mutex<ByController<K>>,
     synced: watch::Sender<bool>,
 }
@@ -153,7 +153,7 @@ where
         }
     }
 
-    fn written(&self) -> parking_lot::MutexGuard<'_, Written<K>> {
+    fn written(&self) -> parking_lot::MutexGuard<'_, OwnWrites<K>> {
         self.written.lock()
     }
 }
@@ -212,13 +212,13 @@ impl<K: Resource<DynamicType = ()>> ByController<K> {
 }
 
 /// Our writes that the watch has not delivered yet, by object.
-struct Written<K: Resource<DynamicType = ()>> {
+struct OwnWrites<K: Resource<DynamicType = ()>> {
     entries: HashMap<ObjectRef<K>, Entry<K>>,
 }
 
-impl<K: Resource<DynamicType = ()>> Default for Written<K> {
+impl<K: Resource<DynamicType = ()>> Default for OwnWrites<K> {
     fn default() -> Self {
-        Written { entries: HashMap::new() }
+        OwnWrites { entries: HashMap::new() }
     }
 }
 
@@ -228,16 +228,16 @@ struct Entry<K> {
     /// The resourceVersion our write replaced; `None` for a create.
     replaced: Option<String>,
     /// What the API server returned; `None` after a delete.
-    now: Option<Arc<K>>,
+    result: Option<Arc<K>>,
 }
 
-impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
+impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
     fn record(&mut self, before: Option<&K>, after: Option<Arc<K>>) {
         let Some(named) = after.as_deref().or(before) else { return };
         let key = ObjectRef::from_obj(named);
         let uid = named.uid();
         let replaced = before.and_then(|b| b.resource_version());
-        self.entries.insert(key, Entry { uid, replaced, now: after });
+        self.entries.insert(key, Entry { uid, replaced, result: after });
     }
 
     /// The watch delivered `obj`: once that is our write or anything after
@@ -260,7 +260,7 @@ impl<K: Resource<DynamicType = ()> + Clone> Written<K> {
             (Some(replaced), Some(c)) => c.uid() == entry.uid && c.resource_version().as_ref() == Some(replaced),
             (Some(_), None) => false,
         };
-        if stands_in { entry.now.clone() } else { cached }
+        if stands_in { entry.result.clone() } else { cached }
     }
 
     /// True when `seen` is the written object at or after our write: same
@@ -338,7 +338,7 @@ mod tests {
     #[test]
     fn a_created_object_stands_in_until_the_watch_delivers_it() {
         let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
-        let mut w = Written::default();
+        let mut w = OwnWrites::default();
         w.record(None, Some(Arc::new(d.clone())));
         assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d), "not in the cache yet");
         w.observe(&d);
@@ -349,7 +349,7 @@ mod tests {
     fn a_patch_stands_in_for_the_version_it_replaced_only() {
         let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
         let (old, ours, later) = (version(&d, "1", 1), version(&d, "2", 3), version(&d, "3", 5));
-        let mut w = Written::default();
+        let mut w = OwnWrites::default();
         w.record(Some(&old), Some(Arc::new(ours.clone())));
         assert_eq!(w.resolve(&key(&d), Some(Arc::new(old.clone()))).as_deref(), Some(&ours));
         assert_eq!(w.resolve(&key(&d), Some(Arc::new(later.clone()))).as_deref(), Some(&later));
@@ -363,7 +363,7 @@ mod tests {
     #[test]
     fn a_deleted_object_is_gone_until_the_watch_shows_otherwise() {
         let d = version(&Deployment::owned_by(&Foo::test("f").deployment("d")), "7", 1);
-        let mut w = Written::default();
+        let mut w = OwnWrites::default();
         w.record(Some(&d), None);
         assert_eq!(w.resolve(&key(&d), Some(Arc::new(d.clone()))), None);
         // A new object of that name (another uid) is not hidden by it.
@@ -378,7 +378,7 @@ mod tests {
         let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
         let mut predecessor = d.clone();
         predecessor.metadata.uid = Some("uid-predecessor".into());
-        let mut w = Written::default();
+        let mut w = OwnWrites::default();
         w.record(None, Some(Arc::new(d.clone())));
         w.observe(&predecessor); // its Delete event, arriving late
         assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d));

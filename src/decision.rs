@@ -129,7 +129,7 @@ pub fn decide(foo: &Foo, current: Option<&DeploymentView>, owned: &[Arc<Deployme
             // The status the Deployment will show once created (none of its
             // replicas available yet), so the syncs its creation triggers
             // find nothing to write.
-            let want = foo.spec.replicas.unwrap_or(1);
+            let want = foo.spec.desired_replicas();
             (DeploymentAction::Create(Box::new(desired)), 0, availability(name, 0, want))
         }
         Some(d) if !is_controlled_by(d, foo) => {
@@ -154,7 +154,7 @@ pub fn decide(foo: &Foo, current: Option<&DeploymentView>, owned: &[Arc<Deployme
         plan.events.push(normal(REASON_DELETED_OLD, message_deleted_old(&stale.name)));
     }
     // Beyond upstream: `Synced` only when the sync changed something, not
-    // on every resync.
+    // on every sync (upstream's also come every 30 s, from its resync).
     if plan.writes() {
         plan.events.push(normal(REASON_SYNCED, MESSAGE_SYNCED.to_owned()));
     }

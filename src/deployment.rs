@@ -13,7 +13,7 @@ use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 
 use crate::constants::*;
-use crate::foo::Foo;
+use crate::foo::{DEFAULT_REPLICAS, Foo};
 
 /// Labels shared by the Deployment's selector and its pods: upstream's
 /// `app: nginx` and `controller: <foo name>`.
@@ -185,7 +185,7 @@ impl DeploymentView {
     /// value to 1, so unset reads as 1 — as upstream reads
     /// `*deployment.Spec.Replicas`.
     pub fn spec_replicas(&self) -> i32 {
-        self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1)
+        self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(DEFAULT_REPLICAS)
     }
 
     /// True when it carries our managed-by label (or did, before the cache

@@ -93,7 +93,8 @@ impl Publisher {
     }
 
     /// Send what is queued (for at most `grace`), then stop. For a graceful
-    /// shutdown; a replica that lost its lease calls [`Publisher::abort`].
+    /// shutdown; a replica that lost its lease drops its publisher instead,
+    /// which sends nothing more.
     pub async fn flush(&self, grace: Duration) {
         self.queue.lock().take();
         let task = self.task.lock().take();
@@ -106,7 +107,7 @@ impl Publisher {
     }
 
     /// Stop at once, dropping what is queued.
-    pub fn abort(&self) {
+    fn abort(&self) {
         self.queue.lock().take();
         if let Some(task) = self.task.lock().take() {
             task.abort();

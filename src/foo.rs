@@ -20,6 +20,8 @@ pub const MESSAGE_BAD_DEPLOYMENT_NAME: &str = "must be a valid Deployment name: 
 pub const MAX_NAME_LENGTH: usize = 63;
 
 /// What the API server says of a Foo name longer than [`MAX_NAME_LENGTH`].
+// The number is written out (a const cannot be formatted into a const
+// &str); a test checks it is MAX_NAME_LENGTH.
 pub const MESSAGE_NAME_TOO_LONG: &str = "metadata.name must be at most 63 characters: it is the value of the 'controller' label on the Foo's Deployment and pods, and label values are limited to 63 characters";
 
 /// The desired state of a Foo: a Deployment of that name with that many
@@ -74,6 +76,17 @@ pub struct FooSpec {
     pub replicas: Option<i32>,
 }
 
+/// The API server's default replicas for a Deployment that sets none:
+/// what a Foo without `spec.replicas` gets, and what an unset field reads as.
+pub const DEFAULT_REPLICAS: i32 = 1;
+
+impl FooSpec {
+    /// The replicas a new Deployment for this Foo has.
+    pub fn desired_replicas(&self) -> i32 {
+        self.replicas.unwrap_or(DEFAULT_REPLICAS)
+    }
+}
+
 /// The observed state of a Foo, written only through the status subresource.
 #[derive(Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -96,6 +109,11 @@ pub struct FooStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_name_length_message_names_the_limit() {
+        assert_eq!(MESSAGE_NAME_TOO_LONG.matches(&MAX_NAME_LENGTH.to_string()).count(), 2);
+    }
     use kube::CustomResourceExt;
 
     #[test]

@@ -1,6 +1,7 @@
 //! The metrics and probe endpoints, on axum: `/metrics` (Prometheus text),
 //! `/healthz` (the process serves requests) and `/readyz` (ready to work:
-//! a standby is ready, a leader once its Foo cache has synced).
+//! its Foo and Deployment caches are filled, on a leader and a standby
+//! alike); `/metrics` over HTTPS for reviewed tokens when secure.
 
 use std::net::SocketAddr;
 use std::sync::Arc;

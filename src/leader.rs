@@ -23,12 +23,12 @@ use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use tracing::{debug, info, warn};
 
-use crate::constants::FIELD_MANAGER;
+use crate::sync::post_params;
 
 /// Timing and identity of one candidate.
 #[derive(Clone, Debug)]
@@ -393,10 +393,6 @@ async fn sleep_or_pending(wait: Option<Duration>) {
         Some(d) => tokio::time::sleep(d).await,
         None => std::future::pending().await,
     }
-}
-
-fn post_params() -> PostParams {
-    PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }
 }
 
 /// The Lease as the watch sees it, after each change: `None` while there

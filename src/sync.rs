@@ -91,7 +91,7 @@ impl Target {
     fn of(foo: &Foo) -> Result<Self> {
         let name = foo.name_any();
         let namespace = foo.namespace().ok_or_else(|| Error::MissingNamespace(name.clone()))?;
-        Ok(Target { key: format!("{namespace}/{name}"), namespace, name })
+        Ok(Target { key: queue_key(&ObjectRef::from_obj(foo)), namespace, name })
     }
 
     fn api_error(&self, action: ApiAction) -> impl FnOnce(kube::Error) -> Error + use<> {

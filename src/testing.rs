@@ -80,11 +80,6 @@ macro_rules! fixture_setters {
             self.status.get_or_insert_with(Default::default).available_replicas = Some(available);
             self
         }
-
-        fn at_version(mut self, rv: &str) -> Self {
-            self.metadata.resource_version = Some(rv.into());
-            self
-        }
     };
 }
 
@@ -94,16 +89,15 @@ pub trait DeploymentFixture: Sized {
     /// `uid-deploy-<name>`, resourceVersion 200), with the Foo's replicas
     /// (or 1) and none available.
     fn owned_by(foo: &Foo) -> Self;
-    /// A Deployment someone else made, controlled by something that is not
-    /// a Foo, with one replica.
     /// The Deployment upstream's Go controller made for `foo`: as
     /// [`DeploymentFixture::owned_by`], without labels of its own (upstream
     /// labels only the selector and the pods).
     fn made_by_upstream(foo: &Foo) -> Self;
+    /// A Deployment someone else made, controlled by something that is not
+    /// a Foo, with one replica.
     fn foreign(name: &str) -> Self;
     fn replicas(self, replicas: i32) -> Self;
     fn available(self, available: i32) -> Self;
-    fn at_version(self, rv: &str) -> Self;
 }
 
 impl DeploymentFixture for Deployment {
@@ -111,7 +105,7 @@ impl DeploymentFixture for Deployment {
         let mut d = desired_deployment(foo).expect("the Foo must be able to own a Deployment");
         d.metadata.uid = Some(format!("uid-deploy-{}", foo.spec.deployment_name));
         d.metadata.resource_version = Some("200".into());
-        d.spec.as_mut().unwrap().replicas = Some(foo.spec.replicas.unwrap_or(1));
+        d.spec.as_mut().unwrap().replicas = Some(foo.spec.desired_replicas());
         d.status = Some(DeploymentStatus { available_replicas: Some(0), ..Default::default() });
         d
     }

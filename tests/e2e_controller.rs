@@ -13,15 +13,10 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use sample_controller::Foo;
 use sample_controller::sync::Context;
 use sample_controller::testing::metric_value;
-use sample_controller::{Foo, FooSpec};
 use serde_json::json;
-
-async fn create_foo(ns: &TestNamespace, name: &str, deployment: &str, replicas: Option<i32>) -> Foo {
-    let foo = Foo::new(name, FooSpec { deployment_name: deployment.into(), replicas });
-    ns.api::<Foo>().create(&PostParams::default(), &foo).await.expect("create foo")
-}
 
 async fn wait_for_deployment(ns: &TestNamespace, name: &str, want: impl Fn(&Deployment) -> bool) -> Deployment {
     wait_until(&format!("Deployment {name} in the wanted state"), TIMEOUT, || async {
@@ -74,14 +69,9 @@ async fn example_foo_gets_its_deployment_and_a_synced_event() {
 async fn status_available_replicas_follows_ready_pods() {
     let ns = TestNamespace::new("status").await;
     let _controller = ns.controller().await;
-    create_foo(&ns, "example-foo", "example-foo", Some(2)).await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(2)).await;
 
-    let foos = ns.api::<Foo>();
-    let foo = wait_until("Foo status.availableReplicas == 2", TIMEOUT, || async {
-        let foo = foos.get("example-foo").await.ok()?;
-        (foo.status.as_ref()?.available_replicas == 2).then_some(foo)
-    })
-    .await;
+    let foo = wait_available(&ns.api(), "example-foo", 2, TIMEOUT).await;
     let ready = foo.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
     assert_eq!((ready.status.as_str(), ready.reason.as_str()), ("True", "Available"));
     // The chain was the real one: a ReplicaSet owned by the Deployment, whose
@@ -105,7 +95,7 @@ async fn status_available_replicas_follows_ready_pods() {
 async fn replicas_change_and_kubectl_scale_reach_the_deployment() {
     let ns = TestNamespace::new("scale").await;
     let _controller = ns.controller().await;
-    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(1)).await;
     wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(1)).await;
 
     let patch = json!({ "spec": { "replicas": 3 } });
@@ -124,7 +114,7 @@ async fn replicas_change_and_kubectl_scale_reach_the_deployment() {
 async fn deployment_scaled_or_deleted_by_hand_is_put_back() {
     let ns = TestNamespace::new("restore").await;
     let _controller = ns.controller().await;
-    create_foo(&ns, "example-foo", "example-foo", Some(2)).await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(2)).await;
     let first = wait_for_deployment(&ns, "example-foo", |d| replicas(d) == Some(2)).await;
 
     // Someone scales it: the owns() watch brings the Foo back to a sync.
@@ -171,7 +161,7 @@ async fn foreign_deployment_is_never_modified() {
     let before = ns.kubectl_ok(&["get", "deployment", "example-foo", "-o", "json"]);
 
     let controller = ns.controller().await;
-    create_foo(&ns, "example-foo", "example-foo", Some(3)).await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(3)).await;
     wait_until("an ErrResourceExists warning", TIMEOUT, || async {
         ns.events_for("example-foo").await.into_iter().find(|e| {
             e == r#"Warning ErrResourceExists: Resource "example-foo" already exists and is not managed by Foo"#
@@ -187,7 +177,7 @@ async fn foreign_deployment_is_never_modified() {
     assert_eq!(foo.status.unwrap().available_replicas, 0);
     // Several retries (5 ms backoff, doubling) later, compare.
     wait_until("the refused sync to be retried", TIMEOUT, || async {
-        let failed = metric_value(&controller.metrics.encode(), ERRORS_SERIES)?;
+        let failed = metric_value(&controller.metrics.encode(), RECONCILE_ERRORS_SERIES)?;
         (failed >= 5.0).then_some(())
     })
     .await;
@@ -199,7 +189,7 @@ async fn foreign_deployment_is_never_modified() {
 async fn deleting_the_foo_garbage_collects_its_deployment() {
     let ns = TestNamespace::new("gc").await;
     let _controller = ns.controller().await;
-    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(1)).await;
     wait_for_deployment(&ns, "example-foo", |_| true).await;
 
     ns.api::<Foo>().delete("example-foo", &DeleteParams::background()).await.unwrap();
@@ -213,7 +203,7 @@ async fn deleting_the_foo_garbage_collects_its_deployment() {
 async fn deployment_name_change_moves_to_the_new_deployment() {
     let ns = TestNamespace::new("rename").await;
     let _controller = ns.controller().await;
-    create_foo(&ns, "example-foo", "old-name", Some(1)).await;
+    create_foo(&ns.api(), "example-foo", "old-name", Some(1)).await;
     wait_for_deployment(&ns, "old-name", |_| true).await;
     // A look-alike this Foo does not control must survive the move.
     let mut lookalike: Deployment = deployment(&ns, "old-name").await.unwrap();
@@ -243,13 +233,8 @@ async fn deployment_name_change_moves_to_the_new_deployment() {
 async fn in_sync_foo_causes_no_writes() {
     let ns = TestNamespace::new("quiet").await;
     let controller = ns.controller().await;
-    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
-    let foos: Api<Foo> = ns.api();
-    wait_until("the Foo to be Ready", TIMEOUT, || async {
-        let foo = foos.get("example-foo").await.ok()?;
-        (foo.status?.available_replicas == 1).then_some(())
-    })
-    .await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(1)).await;
+    wait_available(&ns.api(), "example-foo", 1, TIMEOUT).await;
     let before = settled_requests(&ns.name, Duration::from_secs(2)).await.len();
 
     // Restarting the controller syncs every Foo again: it lists and watches,
@@ -283,7 +268,7 @@ async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overw
         }
     };
     let foos: Api<Foo> = ns.api();
-    create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(1)).await;
     sync(foos.get("example-foo").await.unwrap(), vec![]).await.expect("first sync creates the Deployment");
     let seen = deployment(&ns, "example-foo").await.expect("created");
 
@@ -324,9 +309,9 @@ async fn ready_reason(ns: &TestNamespace, foo: &str) -> Option<String> {
 async fn two_foos_naming_one_deployment_the_second_waits_until_the_first_is_gone() {
     let ns = TestNamespace::new("shared").await;
     let _controller = ns.controller().await;
-    let first = create_foo(&ns, "first", "shared", Some(1)).await;
+    let first = create_foo(&ns.api(), "first", "shared", Some(1)).await;
     let theirs = wait_for_deployment(&ns, "shared", |_| true).await;
-    create_foo(&ns, "second", "shared", Some(3)).await;
+    create_foo(&ns.api(), "second", "shared", Some(3)).await;
     wait_until("the second Foo to be refused", TIMEOUT, || async {
         (ready_reason(&ns, "second").await? == "ErrResourceExists").then_some(())
     })
@@ -348,7 +333,7 @@ async fn two_foos_naming_one_deployment_the_second_waits_until_the_first_is_gone
 async fn a_foo_recreated_under_the_same_name_never_adopts_the_old_deployment() {
     let ns = TestNamespace::new("recreate").await;
     let _controller = ns.controller().await;
-    let old = create_foo(&ns, "example-foo", "example-foo", Some(1)).await;
+    let old = create_foo(&ns.api(), "example-foo", "example-foo", Some(1)).await;
     wait_for_deployment(&ns, "example-foo", |_| true).await;
     // Hold the old Deployment while it is being collected.
     let hold = json!({ "metadata": { "finalizers": ["sample-controller.test/hold"] } });
@@ -359,7 +344,7 @@ async fn a_foo_recreated_under_the_same_name_never_adopts_the_old_deployment() {
         ns.api::<Foo>().get_opt("example-foo").await.ok()?.is_none().then_some(())
     })
     .await;
-    let new = create_foo(&ns, "example-foo", "example-foo", Some(2)).await;
+    let new = create_foo(&ns.api(), "example-foo", "example-foo", Some(2)).await;
     assert_ne!(new.uid(), old.uid());
 
     wait_until("the new Foo to be refused the old Deployment", TIMEOUT, || async {

@@ -11,7 +11,6 @@ use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Container;
 use kube::ResourceExt;
-use sample_controller::Foo;
 use sample_controller::testing::metric_value;
 
 const IMAGE_ENV: &str = "SAMPLE_CONTROLLER_TEST_IMAGE";
@@ -100,7 +99,7 @@ struct Contained(Operator);
 
 impl Drop for Contained {
     fn drop(&mut self) {
-        let _ = Command::new("kill").args(["-TERM", &self.0.child.id().to_string()]).status();
+        signal(&self.0, "-TERM");
         let _ = self.0.child.wait();
     }
 }
@@ -126,12 +125,7 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
 
     let ns = TestNamespace::new("image").await;
     ns.kubectl_ok(&["apply", "-f", "artifacts/examples/example-foo.yaml"]);
-    let foos = ns.api::<Foo>();
-    wait_until("the example Foo's pod to be available", GC_TIMEOUT, || async {
-        let foo = foos.get("example-foo").await.ok()?;
-        (foo.status?.available_replicas == 1).then_some(())
-    })
-    .await;
+    wait_available(&ns.api(), "example-foo", 1, GC_TIMEOUT).await;
     let deployment = deployment(&ns, "example-foo").await.expect("its Deployment");
     assert_eq!(deployment.owner_references()[0].name, "example-foo");
     // Events go out in the background, behind those of every Foo this

@@ -10,8 +10,6 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use common::*;
-use kube::api::PostParams;
-use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
 /// The operator, serving secure metrics, its requests made as `user` (the
@@ -152,8 +150,7 @@ async fn a_real_prometheus_scrapes_the_operator_with_a_service_account_token() {
     let token = service_account_token(&ns, "prometheus", true);
     let token_file = format!("{}/{}-token", env!("CARGO_TARGET_TMPDIR"), ns.name);
     std::fs::write(&token_file, &token).unwrap();
-    let foo = Foo::new("scraped", FooSpec { deployment_name: "scraped".into(), replicas: Some(1) });
-    ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
+    create_foo(&ns.api(), "scraped", "scraped", Some(1)).await;
 
     let prometheus = start_prometheus(&ns.name, op.metrics, &token_file);
     wait_until("Prometheus to report the operator up", Duration::from_secs(90), || async {

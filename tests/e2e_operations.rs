@@ -12,12 +12,7 @@ use kube::api::PostParams;
 use sample_controller::constants::USER_AGENT;
 use sample_controller::{Foo, FooSpec};
 
-const ERROR_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
-
-async fn create_foo(ns: &TestNamespace, name: &str) {
-    let foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(1) });
-    ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
-}
+const FAILED_RECONCILES_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
 
 #[tokio::test]
 async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
@@ -27,12 +22,12 @@ async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
     let leader = one_leader(&[&a, &b]).await;
     let (leading, standby) = if leader == 0 { (&a, &b) } else { (&b, &a) };
 
-    create_foo(&ns, "first").await;
+    create_foo(&ns.api(), "first", "first", Some(1)).await;
     wait_until("the leader to create the Deployment", TIMEOUT, || async { deployment(&ns, "first").await }).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(metric(leading, SUCCESS_SERIES).await.unwrap() >= 1.0);
     assert_eq!(metric(standby, SUCCESS_SERIES).await, Some(0.0), "the standby reconciled");
-    assert_eq!(metric(standby, ERROR_SERIES).await, Some(0.0), "the standby reconciled");
+    assert_eq!(metric(standby, FAILED_RECONCILES_SERIES).await, Some(0.0), "the standby reconciled");
     // Every event about the Foo came from the Lease holder.
     let holder = holder(&ns).await.expect("a Lease holder");
     let events = ns.controller_events().await;
@@ -89,7 +84,7 @@ async fn killed_leader_is_replaced_within_the_lease_duration() {
     dead.child.kill().unwrap();
     let killed = Instant::now();
     dead.child.wait().unwrap();
-    create_foo(&ns, "after-crash").await;
+    create_foo(&ns.api(), "after-crash", "after-crash", Some(1)).await;
     wait_until("the standby to reconcile the new Foo", TIMEOUT, || async { deployment(&ns, "after-crash").await })
         .await;
     let took = killed.elapsed();
@@ -209,7 +204,7 @@ async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
     println!("cut-off leader stopped after {stopped:?} (renew deadline 3s, lease 5s)");
     assert!(!status.success(), "losing the lease must exit non-zero, got {status}");
     assert!(stopped < LEASE, "it must stop before a standby may take over, stopped after {stopped:?}");
-    create_foo(&ns, "after-partition").await;
+    create_foo(&ns.api(), "after-partition", "after-partition", Some(1)).await;
     wait_until("the standby to take over and reconcile", TIMEOUT, || async {
         deployment(&ns, "after-partition").await
     })
@@ -238,14 +233,14 @@ async fn metrics_count_reconciles_and_errors() {
         assert!(body.contains(name), "/metrics lacks {name}:\n{body}");
     }
     assert_eq!(metric(&op, SUCCESS_SERIES).await, Some(0.0));
-    assert_eq!(metric(&op, ERRORS_SERIES).await, Some(0.0));
+    assert_eq!(metric(&op, RECONCILE_ERRORS_SERIES).await, Some(0.0));
 
-    create_foo(&ns, "good").await;
+    create_foo(&ns.api(), "good", "good", Some(1)).await;
     wait_until("a successful reconcile to be counted", TIMEOUT, || async {
         (metric(&op, SUCCESS_SERIES).await? >= 1.0).then_some(())
     })
     .await;
-    assert_eq!(metric(&op, ERRORS_SERIES).await, Some(0.0));
+    assert_eq!(metric(&op, RECONCILE_ERRORS_SERIES).await, Some(0.0));
 
     // A Foo naming a Deployment that is not its own fails every sync.
     let foreign = deployment(&ns, "good").await.unwrap();
@@ -253,10 +248,10 @@ async fn metrics_count_reconciles_and_errors() {
     taken.metadata = kube::api::ObjectMeta { name: Some("taken".into()), ..Default::default() };
     taken.status = None;
     ns.api::<k8s_openapi::api::apps::v1::Deployment>().create(&PostParams::default(), &taken).await.unwrap();
-    create_foo(&ns, "taken").await;
+    create_foo(&ns.api(), "taken", "taken", Some(1)).await;
     wait_until("errors to be counted", TIMEOUT, || async {
-        let errors = metric(&op, ERRORS_SERIES).await?;
-        let failed = metric(&op, ERROR_SERIES).await?;
+        let errors = metric(&op, RECONCILE_ERRORS_SERIES).await?;
+        let failed = metric(&op, FAILED_RECONCILES_SERIES).await?;
         (errors >= 2.0 && failed == errors).then_some(())
     })
     .await;
@@ -329,7 +324,7 @@ async fn flags_come_from_the_environment_and_master_overrides_the_kubeconfig_ser
         .env("SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", "127.0.0.1:0")
         .env("SAMPLE_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", "127.0.0.1:0");
     let _op = start_logged(cmd, &format!("{}-env", ns.name)).await;
-    create_foo(&ns, "example-foo").await;
+    create_foo(&ns.api(), "example-foo", "example-foo", Some(1)).await;
     wait_until("the Foo's Deployment", TIMEOUT, || async { deployment(&ns, "example-foo").await }).await;
     // Watching only the namespace from the environment: its list of Foos
     // is a namespaced one (a cluster-wide list names no namespace).

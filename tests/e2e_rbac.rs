@@ -175,11 +175,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // checks against foos/finalizers), status, events; the pod available:
     // status again, and the Synced event repeated into a series (patch).
     foos.create(&PostParams::default(), &new_foo("example-foo", "first")).await.unwrap();
-    wait_until("status written by the ServiceAccount", AS_DEPLOYED_TIMEOUT, || async {
-        let foo = foos.get("example-foo").await.ok()?;
-        (foo.status?.available_replicas == 1).then_some(())
-    })
-    .await;
+    wait_available(&foos, "example-foo", 1, AS_DEPLOYED_TIMEOUT).await;
     // Replicas alone: a Deployment patch.
     let scale = json!({ "spec": { "replicas": 2 } });
     foos.patch("example-foo", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
@@ -195,11 +191,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
         (replicas(&new) == Some(2) && deployment(&ns, "first").await.is_none()).then_some(())
     })
     .await;
-    let foo = wait_until("status of the renamed Deployment", AS_DEPLOYED_TIMEOUT, || async {
-        let foo = foos.get("example-foo").await.ok()?;
-        (foo.status.as_ref()?.available_replicas == 2).then_some(foo)
-    })
-    .await;
+    let foo = wait_available(&foos, "example-foo", 2, AS_DEPLOYED_TIMEOUT).await;
     assert_eq!(foo.status.unwrap().observed_generation, Some(3));
     // (Not the global error counter: this controller also sees Foos that
     // other test binaries left in namespaces being deleted.)

@@ -17,7 +17,6 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config, ResourceExt};
-use sample_controller::Foo;
 use sample_controller::adoption::Adoption;
 use sample_controller::cache::{Cache, trim_deployment, trim_foo};
 use sample_controller::constants::{CONTROLLER_NAME, USER_AGENT};
@@ -26,6 +25,7 @@ use sample_controller::deployment::DeploymentView;
 use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
 use sample_controller::metrics::Metrics;
 use sample_controller::sync::Context;
+use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
 pub const KUBECONFIG_ENV: &str = "SAMPLE_CONTROLLER_TEST_KUBECONFIG";
@@ -330,7 +330,7 @@ pub async fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> 
 }
 
 pub const SUCCESS_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}";
-pub const ERRORS_SERIES: &str = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
+pub const RECONCILE_ERRORS_SERIES: &str = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
 pub const LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller-test\"}";
 
 /// The identity holding the test Lease, if any.
@@ -367,6 +367,21 @@ pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     let code = text.split(' ').nth(1)?.parse().ok()?;
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     Some((code, body))
+}
+
+/// Create a Foo in `foos`' namespace naming `deployment`.
+pub async fn create_foo(foos: &Api<Foo>, name: &str, deployment: &str, replicas: Option<i32>) -> Foo {
+    let foo = Foo::new(name, FooSpec { deployment_name: deployment.into(), replicas });
+    foos.create(&PostParams::default(), &foo).await.unwrap_or_else(|e| panic!("create Foo {name}: {e}"))
+}
+
+/// Wait until the Foo's status reports `available` replicas; returns it.
+pub async fn wait_available(foos: &Api<Foo>, name: &str, available: i32, timeout: Duration) -> Foo {
+    wait_until(&format!("Foo {name} with {available} available replicas"), timeout, || async {
+        let foo = foos.get(name).await.ok()?;
+        (foo.status.as_ref()?.available_replicas == available).then_some(foo)
+    })
+    .await
 }
 
 /// GET over HTTPS with curl (the certificate is self-signed), with a
