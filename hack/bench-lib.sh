@@ -21,8 +21,7 @@ bench_plane() { # scale
   rm -f "$AUDIT"
   export LOCAL_UP_AUDIT_LOG="$AUDIT"
   eval "$(hack/local-up.sh)"
-  kubectl apply -f crds/ >/dev/null
-  kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >/dev/null
+  install_crds 2>/dev/null
   log "release build"
   cargo build --locked --release --quiet --bin sample-controller
 }

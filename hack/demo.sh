@@ -27,8 +27,7 @@ cleanup() {
 log "building the controller"
 cargo build --locked --quiet --bin sample-controller
 log "installing the Foo CRD"
-kubectl apply -f crds/
-kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >/dev/null
+install_crds
 
 mkdir -p .local
 log "starting the controller (log: .local/demo-controller.log)"

@@ -33,3 +33,24 @@ need_command() {
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$2") >&2 \
     || die "$1 is missing and could not be installed: install the $2 package"
 }
+
+# Where hack/local-up.sh keeps a plane's state, logs and kubeconfig.
+PLANE_DIR="${LOCAL_UP_DIR:-$REPO_ROOT/.local/control-plane}"
+
+# Install crds/ into the current cluster and wait until Foos are served.
+install_crds() {
+  kubectl apply -f "$REPO_ROOT/crds/" >&2
+  kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >/dev/null
+}
+
+# Whether a plane component answers: etcd's and the API server's health
+# endpoints, else whether its process is alive. Uses the plane's settings
+# (DIR, ETCD_PORT, APISERVER_PORT, PKI: hack/local-up.sh's, or its env file).
+component_serving() { # name
+  case $1 in
+    etcd) curl -fsS "http://127.0.0.1:$ETCD_PORT/health" ;;
+    kube-apiserver) curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
+        "https://127.0.0.1:$APISERVER_PORT/readyz" ;;
+    *) kill -0 "$(cat "$DIR/$1.pid")" ;;
+  esac
+}

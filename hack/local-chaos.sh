@@ -11,21 +11,12 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DIR="${LOCAL_UP_DIR:-$REPO_ROOT/.local/control-plane}"
+DIR="$PLANE_DIR"
 (( $# == 2 )) || die "usage: $0 kill|start $(IFS='|'; echo "${PLANE_BINARIES[*]}")"
 action=$1 name=$2
 [[ -f "$DIR/$name.cmd" ]] || die "no $name in $DIR (start the plane with hack/local-up.sh)"
 # shellcheck source=/dev/null
 source "$DIR/env"
-
-serving() {
-  case $name in
-    etcd) curl -fsS "http://127.0.0.1:$ETCD_PORT/health" ;;
-    kube-apiserver) curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
-        "https://127.0.0.1:$APISERVER_PORT/readyz" ;;
-    *) kill -0 "$(cat "$DIR/$name.pid")" ;;
-  esac
-}
 
 case $action in
   kill)
@@ -37,7 +28,7 @@ case $action in
     setsid bash -c "exec $(cat "$DIR/$name.cmd")" >>"$DIR/logs/$name.log" 2>&1 < /dev/null &
     echo $! > "$DIR/$name.pid"
     for _ in $(seq 1 1200); do
-      serving >/dev/null 2>&1 && exit 0
+      component_serving "$name" >/dev/null 2>&1 && exit 0
       sleep 0.05
     done
     die "$name did not serve within 60s after restart (log: $DIR/logs/$name.log)"

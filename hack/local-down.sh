@@ -4,7 +4,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DIR="${LOCAL_UP_DIR:-$REPO_ROOT/.local/control-plane}"
+DIR="$PLANE_DIR"
 [[ -d "$DIR" ]] || exit 0
 
 # Reverse start order, so nothing logs errors about what went first.

@@ -21,7 +21,7 @@
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
-DIR="${LOCAL_UP_DIR:-$REPO_ROOT/.local/control-plane}"
+DIR="$PLANE_DIR"
 mkdir -p "$DIR"
 DIR="$(cd "$DIR" && pwd)"
 KUBECONFIG_OUT="$DIR/kubeconfig"
@@ -134,7 +134,7 @@ start etcd --name local --data-dir "$DIR/etcd" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" \
   --unsafe-no-fsync --listen-metrics-urls "" --log-level warn
-wait_for etcd 60 curl -fsS "http://127.0.0.1:$ETCD_PORT/health"
+wait_for etcd 60 component_serving etcd
 
 audit_flags=()
 if [[ -n "${LOCAL_UP_AUDIT_LOG:-}" ]]; then
@@ -165,8 +165,7 @@ start kube-apiserver \
   --endpoint-reconciler-type none \
   "${audit_flags[@]}" \
   --v 1
-wait_for kube-apiserver 120 curl -fsS --cacert "$PKI/ca.crt" --cert "$PKI/admin.crt" --key "$PKI/admin.key" \
-  "https://127.0.0.1:$APISERVER_PORT/readyz"
+wait_for kube-apiserver 120 component_serving kube-apiserver
 write_kubeconfig "$DIR/admin.kubeconfig"
 
 # Its client's default rate limit (20 requests/s) would make a few hundred

@@ -93,8 +93,7 @@ for minor in $KUBE_MINORS; do
   plane_up=true
   up="$(hack/local-up.sh)" || die "the Kubernetes $minor control plane could not be started (see above); integration tests cannot run"
   eval "$up"
-  kubectl apply -f crds/ >&2
-  kubectl wait --for condition=established --timeout=60s crd/foos.samplecontroller.k8s.io >&2
+  install_crds
   SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG" \
     SAMPLE_CONTROLLER_TEST_IMAGE="$image" run_tests --test 'e2e_*' -- --show-output ||
     failing+=("integration tests on Kubernetes $minor")
