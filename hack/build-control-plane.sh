@@ -17,7 +17,7 @@ if [[ -n "${KUBEBUILDER_ASSETS:-}" ]]; then
   exit 0
 fi
 
-command -v go >/dev/null || die "Go is needed to build the test control plane (${PLANE_BINARIES[*]}); install Go >= 1.24 or set KUBEBUILDER_ASSETS"
+command -v go >/dev/null || die "Go is needed to build the test control plane (${PLANE_BINARIES[*]}); install Go >= 1.26 or set KUBEBUILDER_ASSETS"
 
 stamp="$ASSETS_DIR/.go.sum.sha256"
 want="$(cat "$TOOLS_DIR/go.sum" "$REPO_ROOT/hack/tools/kwok/go.sum" | sha256sum | cut -d' ' -f1)"
@@ -31,7 +31,7 @@ if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]] && all_built; then
 fi
 
 mkdir -p "$ASSETS_DIR"
-log "building the Kubernetes $KUBE_VERSION control plane into $ASSETS_DIR (first run only; ~15-25 min on 2 cores)"
+log "building the Kubernetes $KUBE_VERSION control plane into $ASSETS_DIR (first run only; see docs/DEVELOPMENT.md for how long)"
 start=$SECONDS
 cd "$TOOLS_DIR"
 # -trimpath and no VCS stamping: reproducible, and independent of where the

@@ -1,8 +1,9 @@
 # Shared settings for the hack/ scripts. Sourced, not run.
 
 # Where the control-plane binaries live: envtest's layout (one directory
-# holding etcd, kube-apiserver, ...). A user who already has KUBEBUILDER_ASSETS
-# (for example from setup-envtest) gets that directory instead of a build.
+# holding etcd, kube-apiserver, ...). A user whose KUBEBUILDER_ASSETS directory
+# holds every binary in PLANE_BINARIES gets it instead of a build
+# (setup-envtest's holds only etcd, kube-apiserver and kubectl: not enough).
 #
 # KUBE_MINOR picks the Kubernetes minor: one folder per supported minor under
 # hack/tools (v1.35, v1.37) pins its patch release and the etcd it is tested

@@ -169,7 +169,8 @@ wait_for kube-apiserver 120 component_serving kube-apiserver
 write_kubeconfig "$DIR/admin.kubeconfig"
 
 # Its client's default rate limit (20 requests/s) would make a few hundred
-# Deployments' ReplicaSets and Pods take minutes on this single-node plane.
+# Deployments' ReplicaSets and Pods take minutes on this plane (one control
+# plane, three kwok nodes, two cores).
 log "starting kube-controller-manager"
 start kube-controller-manager \
   --kubeconfig "$DIR/admin.kubeconfig" \

@@ -24,7 +24,7 @@ pub const DEFAULT_WORKERS: u16 = 16;
     long_about = "Reconciles samplecontroller.k8s.io/v1alpha1 Foos into nginx Deployments.\n\n\
         Cluster access is found the usual way (--kubeconfig, then KUBECONFIG, then ~/.kube/config, \
         then the in-cluster service account); --master overrides the API server address.\n\
-        Logging is controlled by RUST_LOG (default: info)."
+        Logging is controlled by RUST_LOG (default: info, without kube-client's per-request error logs)."
 )]
 pub struct Cli {
     /// Path to a kubeconfig. Only required if out-of-cluster.

@@ -1,5 +1,5 @@
 //! Every name the controller puts on the wire: field manager, labels, event
-//! reasons and messages, condition types. Kept in one place so the README,
+//! reasons and messages, condition types. Kept in one place so the docs,
 //! the tests and the code cannot drift apart, and so they match upstream
 //! sample-controller where upstream has a name for the same thing.
 

@@ -1,4 +1,4 @@
-//! The metrics and probe endpoints, on axum: `/metrics` (Prometheus text),
+//! The metrics and probe endpoints, on axum: `/metrics` (OpenMetrics text),
 //! `/healthz` (the process serves requests) and `/readyz` (ready to work:
 //! its Foo and Deployment caches are filled, on a leader and a standby
 //! alike); `/metrics` over HTTPS for reviewed tokens when secure.

@@ -1,4 +1,4 @@
-//! Logging through tracing: `RUST_LOG` filters (default `info`), text for a
+//! Logging through tracing: `RUST_LOG` filters (default [`DEFAULT_FILTER`]), text for a
 //! terminal or JSON for log pipelines.
 
 use std::io::IsTerminal;

@@ -1,6 +1,6 @@
 //! What the operator costs the API server, counted where every request is
 //! seen — the API server's audit log, by the operator's User-Agent — rather
-//! than inferred from resourceVersions that did not move. The README's API
+//! than inferred from resourceVersions that did not move. docs/api-cost.md's API
 //! cost section states the budget: 3 requests per new Foo (Deployment
 //! create, status write, `Synced` event), 2 more each time a change shows in
 //! its status (its pod becoming available: status write, event), a few

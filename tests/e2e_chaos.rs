@@ -3,7 +3,7 @@
 //! the operator is SIGKILLed at random moments (`CHAOS_SEED` replays them),
 //! its leader is paused in the middle of a convergence, Foos change while it
 //! is down. Each scenario ends by checking the end state exactly, prints how
-//! long recovery took, and asserts the README's bound for it.
+//! long recovery took, and asserts the bound docs/operations.md states.
 //!
 //! The scenarios take the shared control plane down, so they run one at a
 //! time, in their own test binary (cargo runs test binaries one after the
@@ -34,7 +34,7 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// "A few hundred Foos" converging while things fail.
 const MANY: usize = 200;
-/// The README's target: an edit made once the API server serves again
+/// The target (docs/operations.md): an edit made once the API server serves again
 /// reaches its Deployment within 5 s; plus 3 s of margin for a loaded 2-core
 /// CI machine (measured: 0.1-4.2 s).
 const RECOVERY_BOUND: Duration = Duration::from_secs(8);
@@ -212,7 +212,7 @@ async fn steady_state_outage(component: &str, prefix: &str) {
     converged(&ns, "before the outage").await;
 
     chaos("kill", component);
-    // Readiness does not follow the API server (README, Failure behaviour):
+    // Readiness does not follow the API server (docs/operations.md, Failure behaviour):
     // restarting the operator would not bring it back.
     for _ in 0..3 {
         tokio::time::sleep(Duration::from_secs(1)).await;

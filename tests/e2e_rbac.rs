@@ -67,7 +67,7 @@ fn granted(namespace: &str) -> BTreeSet<String> {
     granted_to(SA_USER, namespace).difference(&everyone).cloned().collect()
 }
 
-/// deploy/'s grants, exactly: README's RBAC section.
+/// deploy/'s grants, exactly: docs/design.md's RBAC section.
 const CONTROLLER: [&str; 14] = [
     "deployments.apps create",
     "deployments.apps delete",
