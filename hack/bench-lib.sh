@@ -44,6 +44,8 @@ settle() { # until the controller-manager has stopped writing
   audit quiet "$KCM_UA" 5 1800 >/dev/null
 }
 
+# Fractional seconds go through python3 (bash has integers only): a few
+# dozen starts per benchmark run, well under a second in all.
 elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$@"; }
 
 free_port() {

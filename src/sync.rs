@@ -64,7 +64,9 @@ impl Context {
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     if !may_write(ctx.fence.as_deref()) {
         // A standby (or a leader past its renew deadline): nothing to do
-        // until it takes the Lease, which syncs every Foo.
+        // until it takes the Lease, which syncs every Foo. What triggered
+        // this is no work waiting, so the queue metrics do not count it.
+        ctx.metrics.queue.forget(&queue_key(&ObjectRef::from_obj(&*foo)));
         return Ok(Action::await_change());
     }
     let obj = ObjectRef::from_obj(&*foo);

@@ -22,7 +22,7 @@ use sample_controller::leader::Fence;
 use sample_controller::metrics::Metrics;
 use sample_controller::retry::error_policy;
 use sample_controller::sync::{Context, reconcile};
-use sample_controller::testing::{DeploymentFixture, FooFixture};
+use sample_controller::testing::{DeploymentFixture, FooFixture, metric_value};
 use sample_controller::{ApiAction, Error, Foo};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
@@ -441,8 +441,12 @@ async fn a_standby_syncs_nothing() {
     // its caches but makes no request for a Foo, not even a read.
     let foo = example_foo(1);
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), Arc::new(Fence::new())).await;
+    mock.ctx.metrics.queue.added("default/example-foo".into());
     let action = mock.sync(&foo, vec![]).await.unwrap();
     assert_eq!(action, Action::await_change());
+    // Nor does it report the Foo as waiting (the backlog alert reads this).
+    let depth = metric_value(&mock.ctx.metrics.encode(), r#"workqueue_depth{name="foo",controller="foo"}"#);
+    assert_eq!(depth, Some(0.0), "a standby's queue depth grows with every trigger");
 }
 
 #[tokio::test]
