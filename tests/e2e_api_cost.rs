@@ -12,9 +12,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
-use kube::api::PostParams;
+use sample_controller::Foo;
 use sample_controller::constants::USER_AGENT;
-use sample_controller::{Foo, FooSpec};
 
 const FOOS: usize = 20;
 
@@ -44,8 +43,8 @@ async fn new_foos_cost_the_stated_budget_and_an_idle_operator_makes_no_request()
     })
     .await;
     for i in 0..FOOS {
-        let foo = Foo::new(&format!("foo-{i}"), FooSpec { deployment_name: format!("foo-{i}"), replicas: Some(1) });
-        ns.api::<Foo>().create(&PostParams::default(), &foo).await.expect("create Foo");
+        let name = format!("foo-{i}");
+        create_foo(&ns.api(), &name, &name, Some(1)).await;
     }
     wait_until("every Foo's pod available in its status", TIMEOUT, || async {
         let foos = ns.api::<Foo>().list(&Default::default()).await.ok()?;

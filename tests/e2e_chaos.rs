@@ -22,11 +22,11 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use sample_controller::Foo;
 use sample_controller::constants::USER_AGENT;
 use sample_controller::decision::{DeploymentAction, decide};
 use sample_controller::deployment::DeploymentView;
-use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
 /// One scenario at a time: they stop the plane everyone uses.
@@ -96,8 +96,8 @@ async fn create_foos(ns: &TestNamespace, n: usize) {
         .for_each_concurrent(16, |i| {
             let api = api.clone();
             async move {
-                let spec = FooSpec { deployment_name: format!("foo-{i}"), replicas: Some(i as i32 % 3 + 1) };
-                api.create(&PostParams::default(), &Foo::new(&format!("foo-{i}"), spec)).await.expect("create Foo");
+                let name = format!("foo-{i}");
+                create_foo(&api, &name, &name, Some(i as i32 % 3 + 1)).await;
             }
         })
         .await;
@@ -401,6 +401,5 @@ async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
 }
 
 async fn create_one_foo(ns: &TestNamespace, name: &str) {
-    let foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(2) });
-    ns.api::<Foo>().create(&PostParams::default(), &foo).await.expect("create Foo");
+    create_foo(&ns.api(), name, name, Some(2)).await;
 }

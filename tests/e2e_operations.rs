@@ -9,8 +9,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use kube::api::PostParams;
+use sample_controller::Foo;
 use sample_controller::constants::USER_AGENT;
-use sample_controller::{Foo, FooSpec};
 
 const FAILED_RECONCILES_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
 
@@ -337,8 +337,8 @@ async fn sigterm_finishes_in_flight_syncs_and_sends_queued_events_before_exiting
     let ns = TestNamespace::new("graceful").await;
     let op = spawn_operator(&ns.name, &kubeconfig_path(), &[], &format!("{}-op", ns.name)).await;
     for i in 0..60 {
-        let foo = Foo::new(&format!("foo-{i}"), FooSpec { deployment_name: format!("foo-{i}"), replicas: Some(1) });
-        ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
+        let name = format!("foo-{i}");
+        create_foo(&ns.api(), &name, &name, Some(1)).await;
     }
     wait_until("a few Deployments: syncs in flight", TIMEOUT, || async {
         let n = ns.api::<k8s_openapi::api::apps::v1::Deployment>().list(&Default::default()).await.ok()?.items.len();

@@ -152,9 +152,6 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     let controller = start_controller_with(service_account_config(NS, SA).await, None, workers);
     let ns = TestNamespace::new("rbac").await;
     let foos: Api<Foo> = ns.api();
-    let new_foo = |name: &str, deployment: &str| {
-        Foo::new(name, FooSpec { deployment_name: deployment.into(), replicas: Some(1) })
-    };
     // A Deployment of someone else's under the name a Foo asks for: the
     // create meets it and reads it (get), and refuses.
     let theirs: Deployment = serde_json::from_value(json!({
@@ -165,7 +162,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     }))
     .unwrap();
     ns.api::<Deployment>().create(&PostParams::default(), &theirs).await.unwrap();
-    foos.create(&PostParams::default(), &new_foo("blocked", "taken")).await.unwrap();
+    create_foo(&foos, "blocked", "taken", Some(1)).await;
     wait_until("the refusal", AS_DEPLOYED_TIMEOUT, || async {
         ns.events_for("blocked").await.into_iter().find(|e| e.starts_with("Warning ErrResourceExists"))
     })
@@ -174,7 +171,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // Create (with blockOwnerDeletion, which OwnerReferencesPermissionEnforcement
     // checks against foos/finalizers), status, events; the pod available:
     // status again, and the Synced event repeated into a series (patch).
-    foos.create(&PostParams::default(), &new_foo("example-foo", "first")).await.unwrap();
+    create_foo(&foos, "example-foo", "first", Some(1)).await;
     wait_available(&foos, "example-foo", 1, AS_DEPLOYED_TIMEOUT).await;
     // Replicas alone: a Deployment patch.
     let scale = json!({ "spec": { "replicas": 2 } });
