@@ -326,8 +326,11 @@ impl Elector {
 
     /// The Lease with us as its holder, renewed now: `current` as read (or
     /// last written), or a new one.
+    /// As client-go counts `leaseTransitions`: every acquisition of an
+    /// existing Lease by a new holder, a released one included.
     fn claim(&self, current: Option<Lease>) -> Lease {
         let now = MicroTime(Timestamp::now());
+        let existed = current.is_some();
         let mut lease = current.unwrap_or_else(|| Lease {
             metadata: ObjectMeta {
                 name: Some(self.cfg.lease_name.clone()),
@@ -340,7 +343,7 @@ impl Elector {
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         if previous.as_deref() != Some(&self.cfg.identity) {
             spec.acquire_time = Some(now.clone());
-            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + i32::from(previous.is_some()));
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + i32::from(existed));
         }
         spec.holder_identity = Some(self.cfg.identity.clone());
         spec.lease_duration_seconds = Some(i32::try_from(self.cfg.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX));
@@ -478,6 +481,7 @@ mod tests {
     fn timing_flags_are_checked_as_client_go_checks_them() {
         let s = Duration::from_secs;
         assert_eq!(check_timing(s(15), s(10), s(2)), Ok(()), "the defaults");
+        assert_eq!(check_timing(s(15), s(3), s(2)), Ok(()), "a deadline just over 1.2 retry periods");
         let refused = [
             (s(10), s(10), s(2), "leaseDuration must be greater than renewDeadline"),
             (s(10), s(15), s(2), "leaseDuration must be greater than renewDeadline"),
@@ -507,6 +511,33 @@ mod tests {
         let (service, _handle) =
             tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
         Client::new(service, "default")
+    }
+
+    fn spec(lease: &Lease) -> LeaseSpec {
+        lease.spec.clone().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_claim_names_the_lease_and_counts_a_transition_on_each_change_of_holder() {
+        let e = Elector::new(dummy_client(), config("me"));
+        let new = e.claim(None);
+        assert_eq!((new.metadata.name.as_deref(), new.metadata.namespace.as_deref()), (Some("l"), Some("ns")));
+        let first = spec(&new);
+        assert_eq!(first.holder_identity.as_deref(), Some("me"));
+        assert_eq!(first.lease_duration_seconds, Some(15));
+        assert_eq!(first.lease_transitions, Some(0), "a new Lease has had no transitions");
+        assert_eq!(first.acquire_time, first.renew_time);
+
+        let renewed = spec(&e.claim(Some(new.clone())));
+        assert_eq!((renewed.lease_transitions, &renewed.acquire_time), (Some(0), &first.acquire_time), "a renewal");
+
+        let mut theirs = new;
+        theirs.spec.as_mut().unwrap().holder_identity = Some("other".into());
+        let taken = spec(&e.claim(Some(theirs.clone())));
+        assert_eq!(taken.lease_transitions, Some(1), "taken from someone else");
+        theirs.spec.as_mut().unwrap().holder_identity = None;
+        let released = spec(&e.claim(Some(theirs)));
+        assert_eq!(released.lease_transitions, Some(1), "a released Lease taken: a transition, as client-go counts");
     }
 
     #[test]

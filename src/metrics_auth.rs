@@ -169,7 +169,8 @@ mod tests {
         path: &str,
         body: serde_json::Value,
     ) {
-        let (request, send) = handle.next_request().await.expect("a request");
+        let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
+        let (request, send) = next.expect("no request made").expect("a request");
         assert_eq!((request.method().as_str(), request.uri().path()), ("POST", path));
         send.send_response(http::Response::new(kube::client::Body::from(serde_json::to_vec(&body).unwrap())));
     }
