@@ -168,11 +168,13 @@ mod tests {
         handle: &mut tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>,
         path: &str,
         body: serde_json::Value,
-    ) {
+    ) -> serde_json::Value {
         let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
         let (request, send) = next.expect("no request made").expect("a request");
         assert_eq!((request.method().as_str(), request.uri().path()), ("POST", path));
+        let sent = request.into_body().collect_bytes().await.unwrap();
         send.send_response(http::Response::new(kube::client::Body::from(serde_json::to_vec(&body).unwrap())));
+        serde_json::from_slice(&sent).unwrap()
     }
 
     const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
@@ -187,9 +189,12 @@ mod tests {
             async move { auth.check(Some("Bearer scraper-token")).await.unwrap() }
         });
         let user = serde_json::json!({ "username": "system:serviceaccount:monitoring:prometheus" });
-        answer(&mut handle, TOKEN_REVIEWS, serde_json::json!({ "status": { "authenticated": true, "user": user } }))
-            .await;
-        answer(&mut handle, ACCESS_REVIEWS, serde_json::json!({ "status": { "allowed": true } })).await;
+        let authenticated = serde_json::json!({ "status": { "authenticated": true, "user": user } });
+        let review = answer(&mut handle, TOKEN_REVIEWS, authenticated).await;
+        assert_eq!(review["spec"]["token"], "scraper-token");
+        let access = answer(&mut handle, ACCESS_REVIEWS, serde_json::json!({ "status": { "allowed": true } })).await;
+        assert_eq!(access["spec"]["user"], "system:serviceaccount:monitoring:prometheus");
+        assert_eq!(access["spec"]["nonResourceAttributes"], serde_json::json!({ "path": "/metrics", "verb": "get" }));
         assert_eq!(first.await.unwrap(), Access::Allowed);
         for _ in 0..3 {
             assert_eq!(auth.check(Some("Bearer scraper-token")).await.unwrap(), Access::Allowed);
