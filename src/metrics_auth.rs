@@ -188,12 +188,15 @@ mod tests {
             let auth = auth.clone();
             async move { auth.check(Some("Bearer scraper-token")).await.unwrap() }
         });
-        let user = serde_json::json!({ "username": "system:serviceaccount:monitoring:prometheus" });
+        let user = serde_json::json!({ "username": "system:serviceaccount:monitoring:prometheus",
+            "uid": "u-1", "groups": ["system:serviceaccounts"], "extra": { "k": ["v"] } });
         let authenticated = serde_json::json!({ "status": { "authenticated": true, "user": user } });
         let review = answer(&mut handle, TOKEN_REVIEWS, authenticated).await;
         assert_eq!(review["spec"]["token"], "scraper-token");
         let access = answer(&mut handle, ACCESS_REVIEWS, serde_json::json!({ "status": { "allowed": true } })).await;
-        assert_eq!(access["spec"]["user"], "system:serviceaccount:monitoring:prometheus");
+        for (field, want) in [("username", "user"), ("uid", "uid"), ("groups", "groups"), ("extra", "extra")] {
+            assert_eq!(access["spec"][want], user[field], "the reviewed user's {field}");
+        }
         assert_eq!(access["spec"]["nonResourceAttributes"], serde_json::json!({ "path": "/metrics", "verb": "get" }));
         assert_eq!(first.await.unwrap(), Access::Allowed);
         for _ in 0..3 {
