@@ -337,7 +337,7 @@ impl Elector {
                 namespace: Some(self.cfg.namespace.clone()),
                 ..ObjectMeta::default()
             },
-            spec: Some(LeaseSpec { lease_transitions: Some(0), ..LeaseSpec::default() }),
+            spec: Some(LeaseSpec::default()),
         });
         let previous = holder(&lease);
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
