@@ -20,13 +20,12 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use futures::{Stream, StreamExt};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, reflector::reflector};
 use kube::{Resource, ResourceExt};
+use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::deployment::{DeploymentView, controller_of};

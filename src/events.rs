@@ -14,13 +14,12 @@
 //! (same number of requests; `kubectl describe` lists it twice).
 
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, Recorder, Reporter};
+use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};

@@ -39,9 +39,7 @@ impl Readiness {
 /// Bind `addr` now (so a bad address fails start-up) and serve `router`
 /// (`what` it serves, for the log) in the background.
 pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr, source })?;
-    // The bound address: with port 0 the kernel picks one, and this says which.
-    let bound = listener.local_addr().map_err(|source| Error::Http { addr, source })?;
+    let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
     Ok(tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router).await {
@@ -60,8 +58,7 @@ pub async fn serve_tls(
     tls: Arc<tokio_rustls::rustls::ServerConfig>,
     http2: bool,
 ) -> Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr, source })?;
-    let bound = listener.local_addr().map_err(|source| Error::Http { addr, source })?;
+    let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, tls = true, http2, endpoints = %what, "serving HTTP");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     Ok(tokio::spawn(async move {
@@ -78,25 +75,25 @@ pub async fn serve_tls(
                 let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await else { return };
                 let io = hyper_util::rt::TokioIo::new(stream);
                 let service = hyper_util::service::TowerToHyperService::new(router);
-                let served = if http2 {
-                    let mut builder =
-                        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-                    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
-                    builder.serve_connection(io, service).await
-                } else {
-                    hyper::server::conn::http1::Builder::new()
-                        .timer(hyper_util::rt::TokioTimer::new())
-                        .header_read_timeout(SLOW_CLIENT)
-                        .serve_connection(io, service)
-                        .await
-                        .map_err(Into::into)
-                };
-                if let Err(e) = served {
+                let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+                if !http2 {
+                    builder = builder.http1_only();
+                }
+                builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
+                if let Err(e) = builder.serve_connection(io, service).await {
                     tracing::debug!(error = %e, "metrics connection ended");
                 }
             });
         }
     }))
+}
+
+/// Bind `addr`; also returns the bound address (with port 0 the kernel
+/// picks one, and the start-up log says which).
+async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
+    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| Error::Http { addr, source })?;
+    Ok((listener, bound))
 }
 
 /// How long a client may take over its TLS handshake or request header.

@@ -15,8 +15,6 @@
 
 use std::pin::pin;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -26,6 +24,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
+use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::sync::post_params;
@@ -326,6 +325,7 @@ impl Elector {
 
     /// The Lease with us as its holder, renewed now: `current` as read (or
     /// last written), or a new one.
+    ///
     /// As client-go counts `leaseTransitions`: every acquisition of an
     /// existing Lease by a new holder, a released one included.
     fn claim(&self, current: Option<Lease>) -> Lease {

@@ -8,7 +8,6 @@
 //! for a minute if allowed and ten seconds if not, so Prometheus scraping
 //! every 15 s costs the API server two requests a minute, not two a scrape.
 
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -16,6 +15,7 @@ use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInf
 use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use kube::Client;
 use kube::api::{Api, PostParams};
+use parking_lot::Mutex;
 use tracing::{debug, warn};
 
 /// The path and verb a scraper must be allowed.
@@ -67,8 +67,10 @@ impl MetricsAuth {
     /// again).
     pub async fn check(&self, authorization: Option<&str>) -> kube::Result<Access> {
         let Some(token) = bearer_token(authorization) else { return Ok(Access::Unauthenticated) };
-        let key: [u8; 32] =
-            ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref().try_into().unwrap_or([0; 32]);
+        // SHA-256 is 32 bytes long: copy_from_slice cannot fail, and no
+        // fallback key could make two tokens share an answer.
+        let mut key = [0u8; 32];
+        key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
         if let Some(access) = self.cached(&key) {
             return Ok(access);
         }

@@ -62,14 +62,14 @@ impl Context {
 
 /// One sync of one Foo, timed and counted the way controller-runtime does.
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
+    let obj = ObjectRef::from_obj(&*foo);
     if !may_write(ctx.fence.as_deref()) {
         // A standby (or a leader past its renew deadline): nothing to do
         // until it takes the Lease, which syncs every Foo. What triggered
         // this is no work waiting, so the queue metrics do not count it.
-        ctx.metrics.queue.forget(&queue_key(&ObjectRef::from_obj(&*foo)));
+        ctx.metrics.queue.forget(&queue_key(&obj));
         return Ok(Action::await_change());
     }
-    let obj = ObjectRef::from_obj(&*foo);
     let _active = ctx.metrics.worker_started();
     let _working = ctx.metrics.queue.started(&queue_key(&obj));
     let started = Instant::now();

@@ -8,10 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 use std::time::SystemTime;
 
+use parking_lot::Mutex;
 use tokio_rustls::rustls::crypto::ring::{default_provider, sign::any_supported_type};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};

@@ -15,10 +15,10 @@
 //! while the same Foo is being synced counts as an add, as in client-go, but
 //! kube-runtime may fold it into the running sync's successor differently.
 
-use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use parking_lot::Mutex;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::ConstGauge;
