@@ -128,7 +128,7 @@ async fn replicas_spread_over_nodes_and_a_drain_waits_for_the_replacement_to_be_
     kubectl_ok(&["cordon", &third]);
     let (drained, out) = finished(drain(&first_node));
     assert!(drained, "one replica may go while the other is Ready: {out}");
-    let pending = wait_until("the replacement to be created", TIMEOUT, || async {
+    let pending = wait_until("the replacement to be created, unscheduled", GC_TIMEOUT, || async {
         operator_pods(&pods).await.into_iter().find(|p| p.metadata.deletion_timestamp.is_none() && node_of(p).is_none())
     })
     .await;
