@@ -74,12 +74,38 @@ fn ready_since(pod: &Pod) -> Option<Timestamp> {
     Some(ready.last_transition_time.as_ref()?.0)
 }
 
+/// The scheduler's message, when it found no node for `pod`.
+fn unschedulable_because(pod: &Pod) -> Option<String> {
+    let conditions = pod.status.as_ref()?.conditions.as_ref()?;
+    let scheduled = conditions.iter().find(|c| c.type_ == "PodScheduled" && c.status == "False")?;
+    (scheduled.reason.as_deref() == Some("Unschedulable")).then(|| scheduled.message.clone().unwrap_or_default())
+}
+
 fn node_of(pod: &Pod) -> Option<String> {
     pod.spec.as_ref()?.node_name.clone()
 }
 
 async fn operator_pods(pods: &Api<Pod>) -> Vec<Pod> {
     pods.list(&ListParams::default().labels(SELECTOR)).await.map(|l| l.items).unwrap_or_default()
+}
+
+/// Poll `probe` until it returns `Some`; after GC_TIMEOUT, panic with what
+/// the cluster shows of the operator's pods, ReplicaSets, nodes and events.
+async fn wait_or_explain<T, F, Fut>(what: &str, probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let found = tokio::time::timeout(GC_TIMEOUT, wait_until(what, GC_TIMEOUT * 2, probe)).await;
+    found.unwrap_or_else(|_| {
+        let state = [
+            kubectl(&["get", "pods,replicasets,poddisruptionbudgets", "-n", NS, "-o", "wide"]),
+            kubectl(&["get", "nodes", "-o", "wide"]),
+            kubectl(&["get", "events", "-n", NS, "--sort-by=.lastTimestamp"]),
+        ]
+        .map(|out| format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+        panic!("timed out after {GC_TIMEOUT:?} waiting for {what}; the cluster shows:\n{}", state.join("\n"))
+    })
 }
 
 /// `kubectl drain` of `node`, evicting only the operator's pods (other
@@ -120,21 +146,33 @@ async fn replicas_spread_over_nodes_and_a_drain_waits_for_the_replacement_to_be_
 
     // The third node cordoned too: the first replica's replacement has
     // nowhere to go — not the third node, and not beside the second replica
-    // (the spread allows one per node).
+    // (the spread allows one per node). The first node is cordoned before
+    // the drain (which would cordon it itself) and the scheduler given a
+    // moment to see both: a replacement that came first could go there.
     let all: Api<Node> = Api::all(admin_client().await);
     let names: Vec<String> =
         all.list(&ListParams::default()).await.unwrap().items.iter().map(|n| n.name_any()).collect();
     let third = names.iter().find(|n| !nodes.contains(*n)).expect("a third node").clone();
     kubectl_ok(&["cordon", &third]);
+    kubectl_ok(&["cordon", &first_node]);
+    tokio::time::sleep(Duration::from_secs(2)).await;
     let (drained, out) = finished(drain(&first_node));
     assert!(drained, "one replica may go while the other is Ready: {out}");
-    let pending = wait_until("the replacement to be created, unscheduled", GC_TIMEOUT, || async {
-        operator_pods(&pods).await.into_iter().find(|p| p.metadata.deletion_timestamp.is_none() && node_of(p).is_none())
-    })
-    .await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let still = pods.get(&pending.name_any()).await.unwrap();
-    assert_eq!(node_of(&still), None, "the replacement was scheduled beside the other replica or on a cordoned node");
+    let replaced = [first.name_any(), second.name_any()];
+    let pending =
+        wait_or_explain("the first replica's replacement to be placed or refused by the scheduler", || async {
+            let pods = operator_pods(&pods).await.into_iter();
+            let mut new = pods.filter(|p| p.metadata.deletion_timestamp.is_none() && !replaced.contains(&p.name_any()));
+            new.find(|p| node_of(p).is_some() || unschedulable_because(p).is_some())
+        })
+        .await;
+    assert_eq!(
+        node_of(&pending),
+        None,
+        "the replacement was scheduled (first replica was on {first_node}, second on {second_node}, {third} cordoned)"
+    );
+    let why = unschedulable_because(&pending).unwrap();
+    assert!(why.contains("topology spread"), "not the spread that keeps it off {second_node}: {why}");
 
     // Draining the second replica's node is held: evicting it would leave
     // none Ready.
