@@ -97,15 +97,19 @@ where
     Fut: Future<Output = Option<T>>,
 {
     let found = tokio::time::timeout(GC_TIMEOUT, wait_until(what, GC_TIMEOUT * 2, probe)).await;
-    found.unwrap_or_else(|_| {
-        let state = [
-            kubectl(&["get", "pods,replicasets,poddisruptionbudgets", "-n", NS, "-o", "wide"]),
-            kubectl(&["get", "nodes", "-o", "wide"]),
-            kubectl(&["get", "events", "-n", NS, "--sort-by=.lastTimestamp"]),
-        ]
-        .map(|out| format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
-        panic!("timed out after {GC_TIMEOUT:?} waiting for {what}; the cluster shows:\n{}", state.join("\n"))
-    })
+    found.unwrap_or_else(|_| panic!("timed out after {GC_TIMEOUT:?} waiting for {what}; {}", cluster_state()))
+}
+
+/// What the cluster shows of the operator's pods, ReplicaSets and budget,
+/// the nodes, and the namespace's events: for a failure's message.
+fn cluster_state() -> String {
+    let state = [
+        kubectl(&["get", "pods,replicasets,poddisruptionbudgets", "-n", NS, "-o", "wide"]),
+        kubectl(&["get", "nodes", "-o", "wide"]),
+        kubectl(&["get", "events", "-n", NS, "--sort-by=.lastTimestamp"]),
+    ]
+    .map(|out| format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr)));
+    format!("the cluster shows:\n{}", state.join("\n"))
 }
 
 /// `kubectl drain` of `node`, evicting only the operator's pods (other
@@ -169,7 +173,8 @@ async fn replicas_spread_over_nodes_and_a_drain_waits_for_the_replacement_to_be_
     assert_eq!(
         node_of(&pending),
         None,
-        "the replacement was scheduled (first replica was on {first_node}, second on {second_node}, {third} cordoned)"
+        "the replacement was scheduled (first replica was on {first_node}, second on {second_node}, {third} cordoned); {}",
+        cluster_state()
     );
     let why = unschedulable_because(&pending).unwrap();
     assert!(why.contains("topology spread"), "not the spread that keeps it off {second_node}: {why}");
