@@ -96,6 +96,7 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
+    // wait_until's own deadline is set past ours, so ours is the one met.
     let found = tokio::time::timeout(GC_TIMEOUT, wait_until(what, GC_TIMEOUT * 2, probe)).await;
     found.unwrap_or_else(|_| panic!("timed out after {GC_TIMEOUT:?} waiting for {what}; {}", cluster_state()))
 }
