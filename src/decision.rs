@@ -318,6 +318,21 @@ mod tests {
     }
 
     #[test]
+    fn a_deployment_scaled_by_hand_under_a_current_status_is_put_back_with_a_synced_event() {
+        let foo = Foo::test("example-foo").replicas(2);
+        let d = DeploymentView::owned_by(&foo).replicas(2).available(2);
+        let foo = with_status(foo.clone(), &decide(&foo, Some(&d), &[], &now()));
+        // Scaled to 5 by hand, still 2 available: the Foo's status stays
+        // right, only the Deployment needs a write.
+        let scaled = DeploymentView::owned_by(&foo).replicas(5).available(2);
+        let plan = decide(&foo, Some(&scaled), &[], &now());
+        assert!(matches!(plan.deployment, DeploymentAction::Patch(_)), "{plan:?}");
+        assert_eq!(plan.status, None);
+        assert!(plan.writes());
+        assert_eq!(reasons(&plan), vec![REASON_SYNCED]);
+    }
+
+    #[test]
     fn updates_deployment_replicas_when_they_differ() {
         let foo = Foo::test("example-foo").replicas(3);
         let d = DeploymentView::owned_by(&foo).replicas(1).available(1);
