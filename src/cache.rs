@@ -270,30 +270,6 @@ impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
     }
 }
 
-/// A watcher that, when it cannot even start a watch (the API server went
-/// away), starts over with a fresh list instead of resuming from its last
-/// resourceVersion. A restarted API server answers a resumed watch with "too
-/// old resource version" only seconds later, while a list is served as soon
-/// as its watch cache is filled. Watches that fail or end while the server
-/// stays up (etcd restarting; the server's timeout every few minutes) still
-/// resume, which is cheaper and there the faster way back.
-pub fn relisting_watcher<K>(
-    api: kube::Api<K>,
-    config: watcher::Config,
-) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + Debug + Send + Sync + 'static,
-{
-    let fresh = move || watcher::watcher(api.clone(), config.clone()).boxed();
-    futures::stream::unfold((fresh(), fresh), |(mut events, fresh)| async move {
-        let event = events.next().await?;
-        if matches!(event, Err(watcher::Error::WatchStartFailed(_))) {
-            events = fresh();
-        }
-        Some((event, (events, fresh)))
-    })
-}
-
 /// Keep what a sync reads of a Deployment: identity, owner, deletion, and
 /// whether it carries our label (the view itself holds only `spec.replicas`
 /// and `status.availableReplicas`).

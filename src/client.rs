@@ -1,9 +1,17 @@
 //! The Kubernetes client every part of the operator shares: it names itself
 //! (`User-Agent: sample-controller/<version>`, so the API server's audit log
-//! and API Priority and Fairness can tell it apart) and counts every request
-//! as client-go's `rest_client_requests_total{code,method,host}`.
+//! and API Priority and Fairness can tell it apart), counts every request
+//! (each retry too) as client-go's `rest_client_requests_total{code,method,host}`,
+//! and retries a request as client-go does: only when the server said when
+//! ([`RetryAfter`]).
+//!
+//! kube's own retry layer is turned off: it retries 429, 503 and 504 with or
+//! without a `Retry-After`, and waits the longer of that and its own backoff
+//! (5 ms doubling to 1000 s, 15 tries), so after a minute of refusals it
+//! waited tens of seconds more than the server asked for.
 
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
@@ -12,18 +20,78 @@ use kube::client::{Body, ClientBuilder};
 use kube::{Client, Config};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use tower::{Layer, Service};
+use tower::buffer::BufferLayer;
+use tower::retry::{Policy, RetryLayer};
+use tower::{BoxError, Layer, Service};
 
 use crate::constants::USER_AGENT;
 use crate::metrics::RestLabels;
 use crate::{Error, Result};
 
+/// Retries of one request the server asked to be retried later, as
+/// client-go's `maxRetries`.
+pub const MAX_RETRIES: u32 = 10;
+/// Requests queued for the retry layer (it needs a cloneable service).
+const QUEUED: usize = 1024;
+
 /// A client for `config`, counting its requests into `requests`.
 pub fn build(mut config: Config, requests: Family<RestLabels, Counter>) -> Result<Client> {
     config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
+    config.default_retry = false;
     let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
     let builder = ClientBuilder::try_from(config).map_err(Error::Client)?;
-    Ok(builder.with_layer(&CountRequests { requests, host }).build())
+    Ok(builder
+        .with_layer(&CountRequests { requests, host })
+        .with_layer(&BufferLayer::new(QUEUED))
+        .with_layer(&RetryLayer::new(RetryAfter { left: MAX_RETRIES }))
+        .build())
+}
+
+/// `delay` lengthened by up to a quarter at random (`random` in [0, 1)), so
+/// that clients refused together do not come back in step.
+pub fn with_jitter(delay: Duration, random: f64) -> Duration {
+    delay.mul_f64(1.0 + 0.25 * random.clamp(0.0, 1.0))
+}
+
+/// What the server asked in `response`: to be asked again after this long.
+/// client-go's rule: a 429 or a 5xx with a `Retry-After` in seconds.
+pub fn retry_after<B>(response: &Response<B>) -> Option<Duration> {
+    let status = response.status();
+    if status != http::StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
+        return None;
+    }
+    let seconds = response.headers().get(http::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok()?;
+    Some(Duration::from_secs(seconds))
+}
+
+/// Retry a request when the server says when, waiting that long (jittered),
+/// at most [`MAX_RETRIES`] times; anything else goes back to the caller,
+/// whose own backoff decides (the watches' pacing, a sync's retry).
+#[derive(Clone, Debug)]
+pub struct RetryAfter {
+    left: u32,
+}
+
+impl<B> Policy<Request<Body>, Response<B>, BoxError> for RetryAfter {
+    type Future = tokio::time::Sleep;
+
+    fn retry(&mut self, _: &mut Request<Body>, result: &mut Result<Response<B>, BoxError>) -> Option<Self::Future> {
+        let wait = retry_after(result.as_ref().ok()?)?;
+        self.left = self.left.checked_sub(1)?;
+        Some(tokio::time::sleep(with_jitter(wait, fastrand::f64())))
+    }
+
+    fn clone_request(&mut self, request: &Request<Body>) -> Option<Request<Body>> {
+        // A streamed body cannot be sent twice; every body kube sends can.
+        let body = request.body().try_clone()?;
+        let mut copy = Request::new(body);
+        *copy.method_mut() = request.method().clone();
+        *copy.uri_mut() = request.uri().clone();
+        *copy.version_mut() = request.version();
+        *copy.headers_mut() = request.headers().clone();
+        *copy.extensions_mut() = request.extensions().clone();
+        Some(copy)
+    }
 }
 
 /// Counts each request by response code (`<error>` when none came, as
@@ -80,43 +148,99 @@ mod tests {
     use crate::testing::metric_value;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    /// A one-request HTTP server on loopback: answers 200 and hands back
-    /// the request head it read.
-    async fn one_request_server() -> (String, tokio::task::JoinHandle<String>) {
+    const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok";
+
+    /// An HTTP server on loopback giving `answers` in turn, one connection
+    /// each; hands back the request heads it read.
+    async fn scripted_server(answers: &[&'static str]) -> (String, tokio::task::JoinHandle<Vec<String>>) {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
+        let answers = answers.to_vec();
         let served = tokio::spawn(async move {
-            let (mut conn, _) = listener.accept().await.unwrap();
-            let mut head = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
-                let n = conn.read(&mut buf).await.unwrap();
-                head.extend_from_slice(&buf[..n]);
+            let mut heads = Vec::new();
+            for answer in answers {
+                let (mut conn, _) = listener.accept().await.unwrap();
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    let n = conn.read(&mut buf).await.unwrap();
+                    head.extend_from_slice(&buf[..n]);
+                }
+                conn.write_all(answer.as_bytes()).await.unwrap();
+                heads.push(String::from_utf8_lossy(&head).into_owned());
             }
-            conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok").await.unwrap();
-            String::from_utf8_lossy(&head).into_owned()
+            heads
         });
         (addr, served)
     }
 
-    #[tokio::test]
-    async fn every_request_names_the_operator_and_is_counted_by_code_and_method() {
-        let (addr, served) = one_request_server().await;
-        let requests = Family::<RestLabels, Counter>::default();
-        let client = build(Config::new(format!("http://{addr}").parse().unwrap()), requests.clone()).unwrap();
-        let get = || http::Request::get("/healthz").body(Vec::new()).unwrap();
-        assert_eq!(client.request_text(get()).await.unwrap(), "ok");
-        let head = served.await.unwrap().to_ascii_lowercase();
-        assert!(head.contains(&format!("\r\nuser-agent: {USER_AGENT}\r\n")), "{head}");
-        // The server is gone: no response, counted as client-go does.
-        assert!(client.request_text(get()).await.is_err());
-
+    fn counted(requests: Family<RestLabels, Counter>, addr: &str, code: &str) -> Option<f64> {
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register("rest_client_requests", "", requests);
         let mut text = String::new();
         prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
-        let series = |code: &str| format!(r#"rest_client_requests_total{{code="{code}",method="GET",host="{addr}"}}"#);
-        assert_eq!(metric_value(&text, &series("200")), Some(1.0), "{text}");
-        assert_eq!(metric_value(&text, &series("<error>")), Some(1.0), "{text}");
+        metric_value(&text, &format!(r#"rest_client_requests_total{{code="{code}",method="GET",host="{addr}"}}"#))
+    }
+
+    fn get() -> http::Request<Vec<u8>> {
+        http::Request::get("/healthz").body(Vec::new()).unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_refusal_with_retry_after_is_retried_once_that_time_has_passed() {
+        let refused =
+            "HTTP/1.1 429 Too Many Requests\r\nretry-after: 1\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        let (addr, served) = scripted_server(&[refused, OK]).await;
+        let requests = Family::<RestLabels, Counter>::default();
+        let client = build(Config::new(format!("http://{addr}").parse().unwrap()), requests.clone()).unwrap();
+        let started = std::time::Instant::now();
+        assert_eq!(client.request_text(get()).await.unwrap(), "ok");
+        let waited = started.elapsed();
+        assert!(waited >= Duration::from_secs(1), "retried after {waited:?}, before the server's second");
+        assert!(waited < Duration::from_secs(5), "waited {waited:?} for a server that asked for one second");
+        assert_eq!(served.await.unwrap().len(), 2);
+        assert_eq!((counted(requests.clone(), &addr, "429"), counted(requests, &addr, "200")), (Some(1.0), Some(1.0)));
+    }
+
+    #[tokio::test]
+    async fn a_failure_without_retry_after_goes_back_to_the_caller_at_once() {
+        let unavailable = "HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
+        // A second answer the client must not ask for.
+        let (addr, served) = scripted_server(&[unavailable, OK]).await;
+        let client = build(Config::new(format!("http://{addr}").parse().unwrap()), Family::default()).unwrap();
+        let err = client.request_text(get()).await.expect_err("503 is the caller's to handle");
+        assert!(matches!(&err, kube::Error::Api(s) if s.code == 503), "{err}");
+        assert!(!served.is_finished() || served.await.unwrap().len() == 1, "retried without being asked");
+    }
+
+    #[test]
+    fn retry_after_is_read_as_client_go_reads_it() {
+        let answer = |code: u16, header: Option<&str>| {
+            let mut r = Response::builder().status(code);
+            if let Some(h) = header {
+                r = r.header(http::header::RETRY_AFTER, h);
+            }
+            retry_after(&r.body(()).unwrap())
+        };
+        assert_eq!(answer(429, Some("3")), Some(Duration::from_secs(3)));
+        assert_eq!(answer(503, Some(" 1 ")), Some(Duration::from_secs(1)));
+        assert_eq!(answer(500, Some("2")), Some(Duration::from_secs(2)), "a 5xx with a Retry-After");
+        assert_eq!(answer(429, None), None);
+        assert_eq!(answer(409, Some("1")), None, "only refusals for the server's own state");
+        assert_eq!(answer(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")), None, "dates are not sent by the API server");
+    }
+
+    #[tokio::test]
+    async fn every_request_names_the_operator_and_is_counted_by_code_and_method() {
+        let (addr, served) = scripted_server(&[OK]).await;
+        let requests = Family::<RestLabels, Counter>::default();
+        let client = build(Config::new(format!("http://{addr}").parse().unwrap()), requests.clone()).unwrap();
+        assert_eq!(client.request_text(get()).await.unwrap(), "ok");
+        let head = served.await.unwrap().remove(0).to_ascii_lowercase();
+        assert!(head.contains(&format!("\r\nuser-agent: {USER_AGENT}\r\n")), "{head}");
+        // The server is gone: no response, counted as client-go does.
+        assert!(client.request_text(get()).await.is_err());
+        assert_eq!(counted(requests.clone(), &addr, "200"), Some(1.0));
+        assert_eq!(counted(requests, &addr, "<error>"), Some(1.0));
     }
 }

@@ -12,18 +12,19 @@ use kube::runtime::WatchStreamExt;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::Backoff;
-use kube::runtime::watcher::{self, ExponentialBackoff};
+use kube::runtime::watcher;
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{debug, info};
 
 use crate::Error;
 use crate::adoption::Adoption;
-use crate::cache::{Cache, relisting_watcher, trim_deployment, trim_foo};
+use crate::cache::{Cache, trim_deployment, trim_foo};
 use crate::deployment::{DeploymentView, managed_selector};
 use crate::foo::Foo;
 use crate::leader::{Fence, may_write};
 use crate::retry::error_policy;
 use crate::sync::{Context, reconcile};
+use crate::watch::watch;
 use crate::workqueue::QueueMetrics;
 
 /// What the controller knows of the cluster, filled by its watches.
@@ -73,26 +74,9 @@ where
     }
 }
 
-/// Reconnect delay of each watch after an error: 100 ms doubling to
-/// 500 ms, each with up to as much again of random jitter; back to 100 ms
-/// after any success (kube-runtime's `StreamBackoff` resets it). A returning
-/// API server is noticed within a second; one that stays down sees about one
-/// attempt a second per watch, spread out by the jitter. kube-runtime's
-/// default (client-go's reflector: 800 ms doubling to 30 s, applied to all
-/// watches together, so each watch's errors also paused the others) left the
-/// controller idle for up to 30 s after an outage.
-pub fn watch_backoff() -> ExponentialBackoff {
-    backon::ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(100))
-        .with_max_delay(Duration::from_millis(500))
-        .with_factor(2.0)
-        .with_jitter()
-        .without_max_times()
-        .into()
-}
-
 /// The controller's own backoff over all its triggers: none, as each watch
-/// backs off by itself.
+/// paces itself ([`crate::watch`]); kube-runtime's default would pause every
+/// watch for one's errors.
 struct EachWatchBacksOff;
 
 impl Iterator for EachWatchBacksOff {
@@ -117,17 +101,14 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
     let deployment_watch = watcher::Config::default().labels(&managed_selector());
     let (foos, foo_writer) = Cache::new(trim_foo);
     let (deployments, deployment_writer) = Cache::new(trim_deployment);
-    let foo_events =
-        relisting_watcher(api::<Foo>(client, settings.namespace.as_deref()), foo_watch).backoff(watch_backoff());
+    let foo_events = watch(api::<Foo>(client, settings.namespace.as_deref()), foo_watch);
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
-    let deployment_events =
-        relisting_watcher(api::<DeploymentView>(client, settings.namespace.as_deref()), deployment_watch)
-            .backoff(watch_backoff())
-            .inspect(move |event| {
-                if let Ok(watcher::Event::Delete(d)) = event {
-                    let _ = freed.unbounded_send(ObjectRef::from_obj(d));
-                }
-            });
+    let deployment_events = watch(api::<DeploymentView>(client, settings.namespace.as_deref()), deployment_watch)
+        .inspect(move |event| {
+            if let Ok(watcher::Event::Delete(d)) = event {
+                let _ = freed.unbounded_send(ObjectRef::from_obj(d));
+            }
+        });
     // What triggers a sync, counted as the workqueue's adds.
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
     let foo_triggers = foos.reflect(foo_writer, foo_events).applied_objects().inspect(move |foo| {

@@ -400,11 +400,10 @@ async fn sleep_or_pending(wait: Option<Duration>) {
 
 /// The Lease as the watch sees it, after each change: `None` while there
 /// is none. Nothing is yielded before the watch's first full list; watch
-/// errors are retried by the watcher's backoff and only logged.
+/// errors are retried as [`crate::watch`] paces them and only logged.
 fn lease_states(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = Option<Lease>> {
-    use kube::runtime::WatchStreamExt;
     let mut listing = None;
-    watcher(api, wc).default_backoff().filter_map(move |ev| {
+    crate::watch::watch(api, wc).filter_map(move |ev| {
         let state = match ev {
             Ok(watcher::Event::Init) => {
                 listing = None;

@@ -29,6 +29,7 @@ pub mod retry;
 pub mod sync;
 pub mod telemetry;
 pub mod tls;
+pub mod watch;
 pub mod workqueue;
 
 #[cfg(any(test, feature = "test-fixtures"))]
@@ -132,6 +133,16 @@ impl Error {
     /// read (HTTP 409 Conflict): the cache was behind, and a retry fixes it.
     pub fn is_conflict(&self) -> bool {
         matches!(self, Error::Api { source: kube::Error::Api(s), .. } if s.is_conflict())
+    }
+
+    /// True when the API server refused the request for its own state (429
+    /// Too Many Requests, a 5xx) or could not be reached.
+    pub fn is_server_failure(&self) -> bool {
+        match self {
+            Error::Api { source: kube::Error::Api(s), .. } => s.code == 429 || s.code >= 500,
+            Error::Api { source: kube::Error::HyperError(_) | kube::Error::Service(_), .. } => true,
+            _ => false,
+        }
     }
 }
 

@@ -1,5 +1,7 @@
 //! When a failed sync is tried again: per Foo, an exponential backoff
-//! from upstream's workqueue defaults, reset by the next success.
+//! from upstream's workqueue defaults (its per-item part), reset by the next
+//! success; never sooner than a second when the API server failed or refused
+//! the request, as the watches wait ([`crate::watch`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,6 +16,7 @@ use crate::Error;
 use crate::controller::queue_key;
 use crate::foo::Foo;
 use crate::sync::Context;
+use crate::watch::FIRST_RETRY;
 
 /// Per-object retry delay after a failed sync: upstream's workqueue default,
 /// 5 ms doubling up to 1000 s.
@@ -56,7 +59,12 @@ pub fn backoff_delay(failures: u32) -> Duration {
 /// Retry a failed sync after a per-object exponential backoff.
 pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
     let obj = ObjectRef::from_obj(&*foo);
-    let delay = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
+    let mut delay = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
+    if err.is_server_failure() {
+        // Its own retries waited out any Retry-After; answering a failing
+        // server within milliseconds would add to its load.
+        delay = delay.max(FIRST_RETRY);
+    }
     ctx.metrics.queue.retried(queue_key(&obj), delay);
     match err {
         Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
