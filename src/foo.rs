@@ -3,7 +3,9 @@
 //! with the CRD derived instead of generated.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::CustomResource;
+use kube::{CustomResource, Resource};
+
+use crate::constants::CONDITION_READY;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -104,6 +106,28 @@ pub struct FooStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+impl FooStatus {
+    /// The part of this status the controller owns: its fields and its own
+    /// condition, without the conditions other writers keep there.
+    pub fn owned_by_controller(&self) -> FooStatus {
+        let conditions = self.conditions.iter().filter(|c| c.type_ == CONDITION_READY).cloned().collect();
+        FooStatus { conditions, ..self.clone() }
+    }
+}
+
+impl Foo {
+    /// A server-side apply of `status` to the status subresource of the Foo
+    /// `name`: the identity the API server needs and nothing of the spec.
+    pub fn status_apply(name: &str, status: FooStatus) -> serde_json::Value {
+        serde_json::json!({
+            "apiVersion": Foo::api_version(&()),
+            "kind": Foo::kind(&()),
+            "metadata": { "name": name },
+            "status": status,
+        })
+    }
 }
 
 #[cfg(test)]

@@ -123,7 +123,7 @@ impl std::fmt::Display for ApiAction {
             ApiAction::GetDeployment => "get Deployment",
             ApiAction::PatchDeployment => "patch Deployment",
             ApiAction::DeleteOldDeployment => "delete old Deployment",
-            ApiAction::PatchFooStatus => "update Foo status",
+            ApiAction::PatchFooStatus => "apply Foo status",
         })
     }
 }

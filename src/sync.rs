@@ -14,7 +14,6 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
-use serde_json::json;
 use tracing::{info, warn};
 
 use crate::constants::*;
@@ -165,6 +164,13 @@ pub(crate) fn patch_params() -> PatchParams {
     PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
 }
 
+/// A server-side apply's parameters: our field manager, taking over the
+/// fields it applies from any other manager (a controller's own fields, as
+/// the API conventions ask of controllers).
+pub(crate) fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
 /// Every create's parameters: our field manager.
 pub(crate) fn post_params() -> PostParams {
     PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }
@@ -242,13 +248,16 @@ async fn delete_stale(
     Ok(())
 }
 
-/// Write the plan's status, if any, through the status subresource.
+/// Write the plan's status, if any, through the status subresource, by
+/// server-side apply: only the fields this controller owns are sent, so a
+/// condition another writer added since our cache saw the Foo stays (a
+/// merge patch would replace the `conditions` list whole).
 async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) -> Result<()> {
     let Some(status) = &plan.status else { return Ok(()) };
     ctx.may_write(target)?;
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    let patch = json!({ "status": status });
-    match foos.patch_status(&target.name, &patch_params(), &Patch::Merge(&patch)).await {
+    let patch = Foo::status_apply(&target.name, status.owned_by_controller());
+    match foos.patch_status(&target.name, &apply_params(), &Patch::Apply(&patch)).await {
         Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated)),
         // Deleted meanwhile: the garbage collector takes it from here.
         Err(kube::Error::Api(s)) if s.is_not_found() => {}

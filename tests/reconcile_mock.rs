@@ -156,14 +156,20 @@ impl Mock {
                 assert!(query.contains(q), "request #{i}: query {query:?} lacks {q:?}");
             }
             if want.method == Method::PATCH {
-                // A merge patch: the API server reads a strategic or apply
-                // patch differently.
+                // The status is applied (server-side, forced, as our field
+                // manager); every other patch is a merge patch: the API server
+                // reads a strategic patch differently.
+                let status = want.path.ends_with("/status");
                 let content_type = request.headers().get(http::header::CONTENT_TYPE);
-                assert_eq!(
-                    content_type.and_then(|v| v.to_str().ok()),
-                    Some("application/merge-patch+json"),
-                    "request #{i}"
-                );
+                let want_type = if status { "application/apply-patch+yaml" } else { "application/merge-patch+json" };
+                assert_eq!(content_type.and_then(|v| v.to_str().ok()), Some(want_type), "request #{i}");
+                let query = request.uri().query().unwrap_or_default();
+                if status {
+                    assert!(
+                        query.contains("fieldManager=sample-controller") && query.contains("force=true"),
+                        "{query}"
+                    );
+                }
             }
             if let Some(check) = want.body {
                 let bytes = request.into_body().collect_bytes().await.unwrap();
