@@ -7,18 +7,26 @@
 //! A [`Recorder`] remembers every Event it sent for six minutes, to count a
 //! repeat into the first one's series, in a table that never shrinks and
 //! holds about 1.5 KiB per Event. Ten thousand new Foos at once (a restore)
-//! left 30 MiB there for the life of the process. So each Recorder sends at
-//! most [`REMEMBERED`] Events and is then replaced: memory stays bounded, as
-//! client-go's bounded correlator cache keeps it, and an Event repeated
-//! after more than that many others starts a new Event instead of a series
-//! (same number of requests; `kubectl describe` lists it twice).
+//! left 30 MiB there for the life of the process. So Events are spread over
+//! generations of Recorders ([`Generations`]): a new series goes to the
+//! newest, which takes [`REMEMBERED`] of them before a fresh one takes over;
+//! a repeat goes to the Recorder that holds its series. A generation is
+//! dropped, with its table, once its newest Event is six minutes old (its
+//! series are over: a repeat would start a new Event anyway), and the oldest
+//! is dropped early when [`GENERATIONS`] are alive, so memory stays bounded,
+//! as client-go's bounded correlator cache keeps it. A series is cut short
+//! only when more than `REMEMBERED * (GENERATIONS - 1)` other series started
+//! within its six minutes.
 
+use std::collections::hash_map::DefaultHasher;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
-use kube::runtime::events::{Event, Recorder, Reporter};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use parking_lot::Mutex;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -33,9 +41,13 @@ use crate::leader::{Fence, may_write};
 /// scale mode) that lost seven in ten of their Synced events. An entry is a
 /// few hundred bytes, and the channel allocates only what is queued.
 const QUEUE: usize = 10_000;
-/// Events a [`Recorder`] sends before a fresh one takes over. Its table then
-/// never outgrows 2048 slots (hashbrown keeps a 7/8 load), about 3 MiB.
+/// New series a [`Recorder`] starts before a fresh one takes them. Its table
+/// then never outgrows 2048 slots (hashbrown keeps a 7/8 load), about 3 MiB.
 const REMEMBERED: usize = 1024;
+/// Recorders alive at once, at most: about 12 MiB at the very worst.
+const GENERATIONS: usize = 4;
+/// How long kube-runtime's Recorder counts a repeat into a series.
+const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
 /// Queues events and sends them in the background.
 pub struct Publisher {
@@ -62,20 +74,16 @@ impl Publisher {
         // One at a time, as client-go's broadcaster sends: events never crowd
         // out the syncs' own writes at the API server.
         let task = tokio::spawn(async move {
-            let mut recorder = Recorder::new(client.clone(), reporter.clone());
-            let mut sent = 0;
+            let mut recorders = Generations::new(remembered);
             while let Some((ev, regarding)) = rx.recv().await {
                 if !may_write(fence.as_deref()) {
                     // A paused leader's queue: a standby may lead by now.
                     debug!(reason = ev.reason, "not leading any more; event dropped");
                     continue;
                 }
-                if sent == remembered {
-                    recorder = Recorder::new(client.clone(), reporter.clone());
-                    sent = 0;
-                }
-                send(&recorder, &ev, &regarding).await;
-                sent += 1;
+                let new = || Recorder::new(client.clone(), reporter.clone());
+                let recorder = recorders.for_series(series_key(&ev, &regarding), Instant::now(), new);
+                send(recorder, &ev, &regarding).await;
             }
         });
         Publisher { queue: Mutex::new(Some(tx)), task: Mutex::new(Some(task)) }
@@ -120,6 +128,73 @@ impl Drop for Publisher {
     }
 }
 
+/// Which series an Event belongs to: what kube-runtime's Recorder keys a
+/// series on that varies here (the reporter and the action are fixed).
+fn series_key(ev: &EventSpec, regarding: &ObjectReference) -> u64 {
+    let mut h = DefaultHasher::new();
+    (ev.type_ == EventType::Warning, ev.reason).hash(&mut h);
+    let r = regarding;
+    (&r.api_version, &r.kind, &r.namespace, &r.name, &r.uid, &r.field_path).hash(&mut h);
+    h.finish()
+}
+
+/// Recorders `R` by generation, and which one holds each live series.
+struct Generations<R> {
+    /// Oldest first: (id, recorder, series started, newest event).
+    alive: VecDeque<(u64, R, usize, Instant)>,
+    /// Series key -> (generation id, last event).
+    series: HashMap<u64, (u64, Instant)>,
+    /// `series`' size after its last sweep; the next one is at twice that.
+    swept: usize,
+    next_id: u64,
+    remembered: usize,
+}
+
+impl<R> Generations<R> {
+    fn new(remembered: usize) -> Self {
+        Generations { alive: VecDeque::new(), series: HashMap::new(), swept: 0, next_id: 0, remembered }
+    }
+
+    /// The recorder for an event of series `key` at `now`: the one holding
+    /// the series, else the newest (made with `new` when full or none).
+    fn for_series(&mut self, key: u64, now: Instant, new: impl FnOnce() -> R) -> &R {
+        self.expire(now);
+        let holder = self.series.get(&key).map(|&(id, _)| id).filter(|id| self.alive.iter().any(|g| g.0 == *id));
+        let id = match holder {
+            Some(id) => id,
+            None => {
+                if self.alive.back().is_none_or(|g| g.2 >= self.remembered) {
+                    self.alive.push_back((self.next_id, new(), 0, now));
+                    self.next_id += 1;
+                    if self.alive.len() > GENERATIONS {
+                        self.alive.pop_front();
+                    }
+                }
+                let newest = self.alive.back_mut().expect("just made");
+                newest.2 += 1;
+                newest.0
+            }
+        };
+        self.series.insert(key, (id, now));
+        let generation = self.alive.iter_mut().find(|g| g.0 == id).expect("alive");
+        generation.3 = now;
+        &generation.1
+    }
+
+    /// Drop the generations whose series are all over, and now and then
+    /// the series of dropped generations.
+    fn expire(&mut self, now: Instant) {
+        let over = |at: Instant| now.saturating_duration_since(at) >= SERIES_WINDOW;
+        self.alive.retain(|g| !over(g.3));
+        if self.series.len() >= 2 * self.swept.max(self.remembered) {
+            let alive: Vec<u64> = self.alive.iter().map(|g| g.0).collect();
+            self.series.retain(|_, (id, at)| !over(*at) && alive.contains(id));
+            self.series.shrink_to_fit();
+            self.swept = self.series.len();
+        }
+    }
+}
+
 async fn send(recorder: &Recorder, ev: &EventSpec, regarding: &ObjectReference) {
     let event = Event {
         type_: ev.type_,
@@ -138,7 +213,6 @@ mod tests {
     use super::*;
     use http::{Method, Request, Response};
     use kube::client::Body;
-    use kube::runtime::events::EventType;
     use serde_json::Value;
 
     fn synced() -> EventSpec {
@@ -172,20 +246,72 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_repeated_event_joins_its_series_until_the_recorder_is_replaced() {
+    async fn a_repeated_event_joins_its_series_after_its_recorder_was_followed_by_another() {
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let publisher = Publisher::start_remembering(Client::new(service, "default"), None, None, 2);
-        for name in ["a", "a", "b", "a"] {
+        for name in ["a", "a", "b", "c", "a"] {
             publisher.publish(synced(), foo(name));
         }
         let mut sent = Vec::new();
-        for _ in 0..4 {
+        for _ in 0..5 {
             sent.push(next_event(&mut api).await);
         }
         let sent: Vec<_> = sent.iter().map(|(method, name)| (method.as_str(), name.as_str())).collect();
-        // The second "a" is counted into the first one's series (a patch); the
-        // third comes after two events, from a fresh Recorder: a new Event.
-        assert_eq!(sent, [("POST", "a"), ("PATCH", "a"), ("POST", "b"), ("POST", "a")]);
+        // "c" is the third series: a fresh Recorder starts it. The last "a"
+        // still goes to the first Recorder, which counts it into its series.
+        assert_eq!(sent, [("POST", "a"), ("PATCH", "a"), ("POST", "b"), ("POST", "c"), ("PATCH", "a")]);
+    }
+
+    /// Which generation (the order it was made in) `for_series` picks.
+    fn pick(g: &mut Generations<u32>, key: u64, at: Instant) -> u32 {
+        let next = g.next_id as u32;
+        *g.for_series(key, at, || next)
+    }
+
+    #[test]
+    fn a_new_series_goes_to_the_newest_recorder_until_it_is_full() {
+        let (mut g, t) = (Generations::new(2), Instant::now());
+        assert_eq!([1, 2, 3, 4, 5].map(|k| pick(&mut g, k, t)), [0, 0, 1, 1, 2]);
+        assert_eq!([1, 3, 5].map(|k| pick(&mut g, k, t)), [0, 1, 2], "repeats stay with their series");
+    }
+
+    #[test]
+    fn a_generation_is_dropped_once_its_newest_event_is_past_the_series_window() {
+        let (mut g, t) = (Generations::new(1), Instant::now());
+        pick(&mut g, 1, t);
+        pick(&mut g, 2, t + Duration::from_secs(60));
+        pick(&mut g, 1, t + Duration::from_secs(300)); // keeps generation 0 alive
+        assert_eq!(pick(&mut g, 1, t + Duration::from_secs(300) + SERIES_WINDOW - Duration::from_secs(1)), 0);
+        let later = t + Duration::from_secs(301) + 2 * SERIES_WINDOW;
+        pick(&mut g, 9, later);
+        assert_eq!(g.alive.iter().map(|a| a.0).collect::<Vec<_>>(), [2], "both earlier generations are gone");
+        assert_eq!(pick(&mut g, 1, later), 3, "a repeat after its window is a new series (generation 2 is full)");
+    }
+
+    #[test]
+    fn no_more_than_the_bound_of_generations_is_alive_the_oldest_going_first() {
+        let (mut g, t) = (Generations::new(1), Instant::now());
+        for key in 0..(GENERATIONS as u64 + 3) {
+            pick(&mut g, key, t);
+        }
+        assert_eq!(g.alive.len(), GENERATIONS);
+        assert_eq!(g.alive.front().map(|a| a.0), Some(3));
+        // Series of dropped generations are forgotten, in time.
+        for key in 100..(100 + 4 * GENERATIONS as u64) {
+            pick(&mut g, key, t);
+        }
+        assert!(g.series.len() <= 2 * GENERATIONS, "{} series remembered", g.series.len());
+    }
+
+    #[test]
+    fn a_series_is_one_kind_of_event_about_one_object() {
+        let warning = EventSpec { type_: EventType::Warning, ..synced() };
+        let other_reason = EventSpec { reason: "DeletedOldDeployment", ..synced() };
+        let key = series_key(&synced(), &foo("a"));
+        assert_eq!(key, series_key(&EventSpec { message: "another note".into(), ..synced() }, &foo("a")));
+        assert_ne!(key, series_key(&synced(), &foo("b")));
+        assert_ne!(key, series_key(&warning, &foo("a")));
+        assert_ne!(key, series_key(&other_reason, &foo("a")));
     }
 
     #[tokio::test]
