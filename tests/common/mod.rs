@@ -3,6 +3,8 @@
 //! controller per test, and polling helpers.
 #![allow(dead_code)] // each test binary uses its own subset
 
+pub mod fault_proxy;
+
 use std::future::Future;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
