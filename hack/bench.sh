@@ -24,8 +24,10 @@
 # docs/bench-convergence.svg; N=10000 writes docs/bench-convergence-scale.svg).
 #
 #   MODE=ha hack/bench.sh          # two replicas as deploy/ runs them: hack/bench-ha.sh
+#   MODE=overload hack/bench.sh    # under injected faults, beside client-go: hack/bench-overload.sh
 set -euo pipefail
 [[ "${MODE:-}" == ha ]] && exec "$(dirname "${BASH_SOURCE[0]}")/bench-ha.sh"
+[[ "${MODE:-}" == overload ]] && exec "$(dirname "${BASH_SOURCE[0]}")/bench-overload.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 N="${N:-1000}"
 WINDOW="${WINDOW:-60}"
