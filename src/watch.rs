@@ -8,9 +8,10 @@
 //!   second: a watch that keeps failing costs the server at most one request a
 //!   second, and an API server that recovers is watched again within 2.5 s;
 //! - a watch whose server refused the connection (the process is gone: a
-//!   restart) starts over with a fresh list: a restarted server answers a
-//!   resumed watch with "too old resource version" only seconds after it
-//!   serves lists again.
+//!   restart) tries again every [`REFUSED_RETRY`] — a refused connection costs
+//!   no API server anything — and starts over with a fresh list: a restarted
+//!   server answers a resumed watch with "too old resource version" only
+//!   seconds after it serves lists again.
 //!
 //! kube-runtime's `StreamBackoff` is not used because it resets on any item,
 //! and the watcher yields `Init` before each attempt at a list: on a server
@@ -32,6 +33,9 @@ pub const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// The longest a failing watch waits between tries, before jitter: the
 /// longest the controller stays deaf after the server recovers.
 pub const MAX_RETRY: Duration = Duration::from_secs(2);
+/// The retry of a watch or list whose connection was refused: no API server
+/// is there to load, and its return is noticed within this (jittered).
+pub const REFUSED_RETRY: Duration = Duration::from_millis(250);
 /// After this long without a failure, the next one starts from
 /// [`FIRST_RETRY`] again (client-go's reflector resets after 2 minutes).
 pub const HEALTHY_RESET: Duration = Duration::from_secs(120);
@@ -79,23 +83,32 @@ where
         let event = events.next().await?;
         let wait = match &event {
             Ok(_) => None,
-            Err(e) => {
+            Err(e) if refused(e) => {
                 if server_gone(e) {
                     events = fresh();
                 }
-                Some(pacing.failed(Instant::now(), None, fastrand::f64()))
+                Some(with_jitter(REFUSED_RETRY, fastrand::f64()))
             }
+            Err(_) => Some(pacing.failed(Instant::now(), None, fastrand::f64())),
         };
         Some((event, (events, fresh, pacing, wait)))
     })
 }
 
 /// True when a watch could not start or went on because nothing accepted
-/// the connection: the API server's process is gone.
+/// the connection: the API server's process is gone, and its successor's
+/// watch cache will not know the old resourceVersion.
 pub fn server_gone(e: &watcher::Error) -> bool {
+    matches!(e, watcher::Error::WatchStartFailed(_) | watcher::Error::WatchFailed(_)) && refused(e)
+}
+
+/// True when nothing accepted the connection of the request that failed.
+pub fn refused(e: &watcher::Error) -> bool {
     match e {
-        watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) => connection_refused(e),
-        _ => false,
+        watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) | watcher::Error::InitialListFailed(e) => {
+            connection_refused(e)
+        }
+        watcher::Error::WatchError(_) | watcher::Error::NoResourceVersion => false,
     }
 }
 
@@ -184,5 +197,6 @@ mod tests {
             kube::Error::Api(kube::core::Status::failure("busy", "TooManyRequests").with_code(429).boxed());
         assert!(!server_gone(&watcher::Error::WatchStartFailed(overloaded)));
         assert!(!server_gone(&watcher::Error::InitialListFailed(refused_request().await)), "already listing afresh");
+        assert!(refused(&watcher::Error::InitialListFailed(refused_request().await)), "retried soon all the same");
     }
 }
