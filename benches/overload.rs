@@ -86,12 +86,15 @@ async fn main() {
         proxy.url
     );
     std::fs::write(&path, kubeconfig).unwrap();
-    let command: Vec<String> =
-        args.command.iter().map(|a| a.replace("{kubeconfig}", path.to_str().unwrap())).collect();
+    let command: Vec<String> = args.command.iter().map(|a| a.replace("{kubeconfig}", path.to_str().unwrap())).collect();
     let log_path = std::env::temp_dir().join(format!("overload-{}-{}.log", args.label, std::process::id()));
     let log = std::fs::File::create(&log_path).unwrap();
-    let mut child =
-        Command::new(&command[0]).args(&command[1..]).stdout(Stdio::null()).stderr(log).spawn().expect("start the client");
+    let mut child = Command::new(&command[0])
+        .args(&command[1..])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("start the client");
 
     // Listed and watching, and a moment more for its first syncs.
     let started = Instant::now();

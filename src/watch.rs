@@ -89,7 +89,7 @@ where
                 }
                 Some(with_jitter(REFUSED_RETRY, fastrand::f64()))
             }
-            Err(_) => Some(pacing.failed(Instant::now(), None, fastrand::f64())),
+            Err(e) => Some(pacing.failed(Instant::now(), retry_after(e), fastrand::f64())),
         };
         Some((event, (events, fresh, pacing, wait)))
     })
@@ -100,6 +100,20 @@ where
 /// watch cache will not know the old resourceVersion.
 pub fn server_gone(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchStartFailed(_) | watcher::Error::WatchFailed(_)) && refused(e)
+}
+
+/// The wait the server asked for in the `Status` it failed the request with
+/// (`details.retryAfterSeconds`), once the client's own retries are spent.
+fn retry_after(e: &watcher::Error) -> Option<Duration> {
+    let status = match e {
+        watcher::Error::WatchStartFailed(kube::Error::Api(s))
+        | watcher::Error::WatchFailed(kube::Error::Api(s))
+        | watcher::Error::InitialListFailed(kube::Error::Api(s)) => s,
+        watcher::Error::WatchError(s) => s,
+        _ => return None,
+    };
+    let seconds = status.details.as_ref()?.retry_after_seconds;
+    (seconds > 0).then(|| Duration::from_secs(seconds.into()))
 }
 
 /// True when nothing accepted the connection of the request that failed.
@@ -169,6 +183,23 @@ mod tests {
         }
         assert_eq!(p.failed(now, Some(secs(1.0)), 0.0), secs(1.0), "not the grown backoff");
         assert_eq!(p.failed(now, Some(secs(30.0)), 0.0), secs(30.0), "not capped at MAX_RETRY");
+    }
+
+    #[test]
+    fn the_wait_a_failed_requests_status_asks_for_is_read() {
+        let mut status = kube::core::Status::failure("storage is (re)initializing", "TooManyRequests").with_code(429);
+        let failed = |s: &kube::core::Status| watcher::Error::WatchStartFailed(kube::Error::Api(s.clone().boxed()));
+        assert_eq!(retry_after(&failed(&status)), None, "no details");
+        status.details = Some(kube::core::response::StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: String::new(),
+            uid: String::new(),
+            causes: vec![],
+            retry_after_seconds: 3,
+        });
+        assert_eq!(retry_after(&failed(&status)), Some(secs(3.0)));
+        assert_eq!(retry_after(&watcher::Error::WatchError(status.clone().boxed())), Some(secs(3.0)));
     }
 
     #[test]
