@@ -12,7 +12,8 @@
 //! newest, which takes [`REMEMBERED`] of them before a fresh one takes over;
 //! a repeat goes to the Recorder that holds its series. A generation is
 //! dropped, with its table, once its newest Event is six minutes old (its
-//! series are over: a repeat would start a new Event anyway), and the oldest
+//! series are over: a repeat would start a new Event anyway; checked at each
+//! Event, and every minute while none comes), and the oldest
 //! is dropped early when [`GENERATIONS`] are alive, so memory stays bounded,
 //! as client-go's bounded correlator cache keeps it. A series is cut short
 //! only when more than `REMEMBERED * (GENERATIONS - 1)` other series started
@@ -48,6 +49,8 @@ const REMEMBERED: usize = 1024;
 const GENERATIONS: usize = 4;
 /// How long kube-runtime's Recorder counts a repeat into a series.
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+/// How often an idle publisher drops the generations whose window is over.
+const EXPIRY_CHECK: Duration = Duration::from_secs(60);
 
 /// Queues events and sends them in the background.
 pub struct Publisher {
@@ -75,7 +78,13 @@ impl Publisher {
         // out the syncs' own writes at the API server.
         let task = tokio::spawn(async move {
             let mut recorders = Generations::new(remembered);
-            while let Some((ev, regarding)) = rx.recv().await {
+            loop {
+                // A quiet queue still lets finished generations go.
+                let Ok(next) = tokio::time::timeout(EXPIRY_CHECK, rx.recv()).await else {
+                    recorders.expire(Instant::now());
+                    continue;
+                };
+                let Some((ev, regarding)) = next else { break };
                 if !may_write(fence.as_deref()) {
                     // A paused leader's queue: a standby may lead by now.
                     debug!(reason = ev.reason, "not leading any more; event dropped");
