@@ -31,6 +31,8 @@ use crate::{Error, Result};
 /// Retries of one request the server asked to be retried later, as
 /// client-go's `maxRetries`.
 pub const MAX_RETRIES: u32 = 10;
+/// The longest `Retry-After` taken as sent.
+pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// Requests queued for the retry layer (it needs a cloneable service).
 const QUEUED: usize = 1024;
 
@@ -61,7 +63,9 @@ pub fn retry_after<B>(response: &Response<B>) -> Option<Duration> {
         return None;
     }
     let seconds = response.headers().get(http::header::RETRY_AFTER)?.to_str().ok()?.trim().parse::<u64>().ok()?;
-    Some(Duration::from_secs(seconds))
+    // Kubernetes asks for seconds; a larger number is a broken answer, not a
+    // reason to overflow a timer.
+    Some(Duration::from_secs(seconds.min(MAX_RETRY_AFTER.as_secs())))
 }
 
 /// Retry a request when the server says when, waiting that long (jittered),
@@ -228,6 +232,8 @@ mod tests {
         assert_eq!(answer(429, None), None);
         assert_eq!(answer(409, Some("1")), None, "only refusals for the server's own state");
         assert_eq!(answer(429, Some("Wed, 21 Oct 2015 07:28:00 GMT")), None, "dates are not sent by the API server");
+        assert_eq!(answer(429, Some("18446744073709551615")), Some(MAX_RETRY_AFTER), "no overflow");
+        assert!(with_jitter(MAX_RETRY_AFTER, 0.99) < Duration::from_secs(4600));
     }
 
     #[tokio::test]

@@ -147,3 +147,31 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answered(code: u16) -> Error {
+        let status = kube::core::Status::failure("", "").with_code(code);
+        Error::Api {
+            foo: "default/f".into(),
+            action: ApiAction::PatchDeployment,
+            source: kube::Error::Api(status.boxed()),
+        }
+    }
+
+    #[test]
+    fn a_refusal_for_the_servers_own_state_is_a_server_failure_and_a_refusal_of_the_request_is_not() {
+        for code in [429, 500, 503, 504] {
+            assert!(answered(code).is_server_failure(), "{code}");
+        }
+        for code in [400, 403, 404, 409, 422] {
+            assert!(!answered(code).is_server_failure(), "{code}");
+        }
+        let unreachable = kube::Error::Service(Box::new(std::io::Error::from(std::io::ErrorKind::ConnectionReset)));
+        let api = Error::Api { foo: "default/f".into(), action: ApiAction::GetDeployment, source: unreachable };
+        assert!(api.is_server_failure());
+        assert!(!Error::ResourceExists { foo: "default/f".into(), deployment: "d".into() }.is_server_failure());
+    }
+}

@@ -56,15 +56,18 @@ pub fn backoff_delay(failures: u32) -> Duration {
     BACKOFF_BASE.checked_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX)).map_or(BACKOFF_MAX, |d| d.min(BACKOFF_MAX))
 }
 
+/// The wait before a retry after `err`, given the Foo's `backoff`: no less
+/// than a second when the server failed the request. (The client's own
+/// retries waited out any Retry-After; answering a failing server within
+/// milliseconds would add to its load.)
+pub fn retry_delay(backoff: Duration, err: &Error) -> Duration {
+    if err.is_server_failure() { backoff.max(FIRST_RETRY) } else { backoff }
+}
+
 /// Retry a failed sync after a per-object exponential backoff.
 pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
     let obj = ObjectRef::from_obj(&*foo);
-    let mut delay = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
-    if err.is_server_failure() {
-        // Its own retries waited out any Retry-After; answering a failing
-        // server within milliseconds would add to its load.
-        delay = delay.max(FIRST_RETRY);
-    }
+    let delay = retry_delay(ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some()), err);
     ctx.metrics.queue.retried(queue_key(&obj), delay);
     match err {
         Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
@@ -78,6 +81,19 @@ pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_sync_the_server_failed_waits_at_least_a_second_and_others_their_backoff() {
+        let failed = |code: u16| Error::Api {
+            foo: "default/f".into(),
+            action: crate::ApiAction::CreateDeployment,
+            source: kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed()),
+        };
+        assert_eq!(retry_delay(backoff_delay(0), &failed(503)), Duration::from_secs(1));
+        assert_eq!(retry_delay(backoff_delay(0), &failed(429)), Duration::from_secs(1));
+        assert_eq!(retry_delay(backoff_delay(0), &failed(409)), Duration::from_millis(5), "a conflict: at once");
+        assert_eq!(retry_delay(backoff_delay(12), &failed(500)), backoff_delay(12), "a longer backoff stands");
+    }
 
     #[test]
     fn backoff_doubles_from_5ms_and_caps_at_1000s() {

@@ -87,6 +87,8 @@ where
                 if server_gone(e) {
                     events = fresh();
                 }
+                // The next server has no history of failing.
+                pacing = Pacing::default();
                 Some(with_jitter(REFUSED_RETRY, fastrand::f64()))
             }
             Err(e) => Some(pacing.failed(Instant::now(), retry_after(e), fastrand::f64())),
