@@ -4,7 +4,8 @@
 //! sample-controller where upstream has a name for the same thing.
 
 /// Field manager for every write (create, patch, status). Upstream uses the
-/// same name, so managedFields read the same after swapping the binaries.
+/// same name, so managedFields name the same manager after swapping the
+/// binaries (the status's entry is an `Apply` here, an `Update` upstream).
 pub const FIELD_MANAGER: &str = "sample-controller";
 
 /// `User-Agent` of every request, so the API server's audit log and API

@@ -13,11 +13,11 @@
 //! a repeat goes to the Recorder that holds its series. A generation is
 //! dropped, with its table, once its newest Event is six minutes old (its
 //! series are over: a repeat would start a new Event anyway; checked at each
-//! Event, and every minute while none comes), and the oldest
-//! is dropped early when [`GENERATIONS`] are alive, so memory stays bounded,
-//! as client-go's bounded correlator cache keeps it. A series is cut short
-//! only when more than `REMEMBERED * (GENERATIONS - 1)` other series started
-//! within its six minutes.
+//! Event, and every minute while none comes), and when [`GENERATIONS`] are
+//! alive and another is needed, the one whose newest Event is oldest goes,
+//! so memory stays bounded, as client-go's bounded correlator cache keeps
+//! it. A series is cut short only when its generation went quietest while
+//! more than `REMEMBERED * (GENERATIONS - 1)` other series started.
 
 use std::collections::hash_map::DefaultHasher;
 use std::collections::{HashMap, VecDeque};
@@ -173,11 +173,13 @@ impl<R> Generations<R> {
             Some(id) => id,
             None => {
                 if self.alive.back().is_none_or(|g| g.2 >= self.remembered) {
+                    if self.alive.len() == GENERATIONS {
+                        // The one whose series went quiet longest goes.
+                        let quietest = (0..self.alive.len()).min_by_key(|&i| self.alive[i].3).expect("full");
+                        self.alive.remove(quietest);
+                    }
                     self.alive.push_back((self.next_id, new(), 0, now));
                     self.next_id += 1;
-                    if self.alive.len() > GENERATIONS {
-                        self.alive.pop_front();
-                    }
                 }
                 let newest = self.alive.back_mut().expect("just made");
                 newest.2 += 1;
@@ -298,16 +300,25 @@ mod tests {
     }
 
     #[test]
-    fn no_more_than_the_bound_of_generations_is_alive_the_oldest_going_first() {
+    fn no_more_than_the_bound_of_generations_is_alive_the_quietest_going_first() {
         let (mut g, t) = (Generations::new(1), Instant::now());
-        for key in 0..(GENERATIONS as u64 + 3) {
-            pick(&mut g, key, t);
+        let at = |s: u64| t + Duration::from_secs(s);
+        for key in 0..(GENERATIONS as u64) {
+            pick(&mut g, key, at(key));
+        }
+        pick(&mut g, 0, at(10)); // generation 0's series repeats: it stays
+        pick(&mut g, 100, at(11)); // a new series needs a fifth generation
+        assert_eq!(g.alive.len(), GENERATIONS);
+        let ids: Vec<_> = g.alive.iter().map(|a| a.0).collect();
+        assert_eq!(ids, [0, 2, 3, 4], "generation 1 was the quietest");
+        assert_eq!(pick(&mut g, 0, at(12)), 0, "the repeating series kept its Recorder");
+        for key in 200..(200 + GENERATIONS as u64) {
+            pick(&mut g, key, at(13));
         }
         assert_eq!(g.alive.len(), GENERATIONS);
-        assert_eq!(g.alive.front().map(|a| a.0), Some(3));
         // Series of dropped generations are forgotten, in time.
-        for key in 100..(100 + 4 * GENERATIONS as u64) {
-            pick(&mut g, key, t);
+        for key in 300..(300 + 4 * GENERATIONS as u64) {
+            pick(&mut g, key, at(14));
         }
         assert!(g.series.len() <= 2 * GENERATIONS, "{} series remembered", g.series.len());
     }
