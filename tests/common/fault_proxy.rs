@@ -39,7 +39,8 @@ pub enum Fault {
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub at: Instant,
-    /// `list`, `watch`, `get`, `create`, `update`, `patch`, `delete`.
+    /// `list` (a watch that sends the initial objects too), `watch`, `get`,
+    /// `create`, `update`, `patch`, `delete`.
     pub verb: String,
     /// `foos`, `foos/status`, `deployments`, ... (empty for non-resource paths).
     pub resource: String,
@@ -130,6 +131,10 @@ async fn handle(
     state: Arc<State>,
     request: Request<hyper::body::Incoming>,
 ) -> Result<Response<CutBody>, std::io::Error> {
+    // Subscribed before anything is awaited: a cut while this request is on
+    // its way still ends its watch.
+    let mut cuts = state.cuts.subscribe();
+    cuts.mark_unchanged();
     let (verb, resource) = classify(&request);
     let fault =
         if state.spared.iter().any(|s| resource.starts_with(s)) { Fault::None } else { state.fault.lock().clone() };
@@ -153,8 +158,6 @@ async fn handle(
         // connection, as it would without the proxy.
         Err(e) => return Err(std::io::Error::other(e.to_string())),
     };
-    let mut cuts = state.cuts.subscribe();
-    cuts.mark_unchanged();
     let cut = Box::pin(async move {
         let _ = cuts.changed().await;
     });
@@ -182,7 +185,10 @@ fn refusal(code: u16, retry_after: Option<u32>) -> Response<CutBody> {
 /// `(verb, resource)` of an API request, as the audit log names them.
 pub fn classify<B>(request: &Request<B>) -> (String, String) {
     let path = request.uri().path();
-    let watching = request.uri().query().is_some_and(|q| q.split('&').any(|p| p == "watch=true" || p == "watch=1"));
+    let query = |param: &str| request.uri().query().is_some_and(|q| q.split('&').any(|p| p == param));
+    let watching = query("watch=true") || query("watch=1");
+    // A watch that sends the initial objects first is a list.
+    let listing = query("sendInitialEvents=true");
     let parts: Vec<&str> = path.trim_matches('/').split('/').collect();
     // /api/v1/... or /apis/GROUP/VERSION/...
     let rest: &[&str] = match parts.as_slice() {
@@ -201,6 +207,7 @@ pub fn classify<B>(request: &Request<B>) -> (String, String) {
         [resource, _name, sub, ..] => (format!("{resource}/{sub}"), true),
     };
     let verb = match *request.method() {
+        http::Method::GET if watching && listing => "list",
         http::Method::GET if watching => "watch",
         http::Method::GET if named => "get",
         http::Method::GET => "list",
