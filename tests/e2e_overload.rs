@@ -68,12 +68,17 @@ async fn through(fault: Fault) -> Outcome {
     })
     .await;
     let converged = ended.elapsed();
-    let seen = proxy.seen();
-    let rewatched = |resource: &str| {
-        let again = seen.iter().find(|s| s.at >= ended && s.passed && s.verb == "watch" && s.resource == resource);
-        again.map(|s| s.at - ended).unwrap_or_else(|| panic!("the operator never watched {resource} again"))
+    let back = |resource: &'static str| {
+        let seen = proxy.seen();
+        seen.iter()
+            .find(|s| s.at >= ended && s.passed && s.verb == "watch" && s.resource == resource)
+            .map(|s| s.at - ended)
     };
-    let rewatch = rewatched("foos").max(rewatched("deployments"));
+    let rewatch = wait_until("both watches to go through again", TIMEOUT, || async {
+        Some(back("foos")?.max(back("deployments")?))
+    })
+    .await;
+    let seen = proxy.seen();
     let during = seen.into_iter().filter(|s| s.at >= started && s.at < ended).collect();
     let outcome = Outcome { during, rewatch, converged };
     println!(
