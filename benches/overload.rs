@@ -67,7 +67,7 @@ fn fault(name: &str) -> Fault {
 /// after `since`.
 fn watching(seen: &[Seen], since: Instant) -> Option<Instant> {
     let first = |resource: &str| {
-        seen.iter().find(|s| s.at >= since && s.passed && s.verb == "watch" && s.resource == resource).map(|s| s.at)
+        seen.iter().find(|s| s.at >= since && s.passed && s.is_watch() && s.resource == resource).map(|s| s.at)
     };
     Some(first("foos")?.max(first("deployments")?))
 }
@@ -124,7 +124,7 @@ async fn main() {
     let _ = std::fs::remove_file(&log_path);
 
     let during: Vec<Seen> = proxy.seen().into_iter().filter(|s| s.at >= from && s.at < ended).collect();
-    let lists = during.iter().filter(|s| s.verb == "list").count();
+    let lists = during.iter().filter(|s| s.is_full_list()).count();
     let rewatch = rewatch.map_or("none".to_owned(), |at| format!("{:.1}", (at - ended).as_secs_f64()));
     println!(
         "{} {} requests={} lists={} most_in_1s={} rewatch_s={}",

@@ -5,7 +5,8 @@
 # (benches/overload.rs), on one plane with N Foos. For each fault the proxy
 # cuts the client's watches, then answers every request with it for FAULT
 # seconds, then lets everything through. Prints, per client and fault, the
-# requests made during the fault (LISTs among them), the most in any one
+# requests made during the fault (full lists among them: a LIST, or a watch
+# that sends every object first, as client-go's informers do), the most in any one
 # second, and how long after the fault both watches went through again.
 # Asserts nothing; not part of the tests.
 #

@@ -70,9 +70,7 @@ async fn through(fault: Fault) -> Outcome {
     let converged = ended.elapsed();
     let back = |resource: &'static str| {
         let seen = proxy.seen();
-        seen.iter()
-            .find(|s| s.at >= ended && s.passed && s.verb == "watch" && s.resource == resource)
-            .map(|s| s.at - ended)
+        seen.iter().find(|s| s.at >= ended && s.passed && s.is_watch() && s.resource == resource).map(|s| s.at - ended)
     };
     let rewatch = wait_until("both watches to go through again", TIMEOUT, || async {
         Some(back("foos")?.max(back("deployments")?))
@@ -84,7 +82,7 @@ async fn through(fault: Fault) -> Outcome {
     println!(
         "{fault:?}: {} requests during {FAULT:?} ({} LIST), watching again {:?} after, edit converged {:?} after",
         outcome.during.len(),
-        outcome.during.iter().filter(|s| s.verb == "list").count(),
+        outcome.during.iter().filter(|s| s.is_full_list()).count(),
         outcome.rewatch,
         outcome.converged
     );
@@ -95,7 +93,7 @@ async fn through(fault: Fault) -> Outcome {
 /// where they were), at most a request a second per watch, and watching
 /// again within [`REWATCH`].
 fn assert_polite(outcome: &Outcome) {
-    let lists: Vec<_> = outcome.during.iter().filter(|s| s.verb == "list").collect();
+    let lists: Vec<_> = outcome.during.iter().filter(|s| s.is_full_list()).collect();
     assert!(lists.is_empty(), "listed during the fault: {lists:?}");
     let per_second = FAULT.as_secs() as usize + 1;
     for resource in ["foos", "deployments"] {

@@ -39,8 +39,9 @@ pub enum Fault {
 #[derive(Clone, Debug)]
 pub struct Seen {
     pub at: Instant,
-    /// `list` (a watch that sends the initial objects too), `watch`, `get`,
-    /// `create`, `update`, `patch`, `delete`.
+    /// `list`, `watchlist` (a watch that sends every object first: a full
+    /// list by another way, as client-go's informers make by default),
+    /// `watch`, `get`, `create`, `update`, `patch`, `delete`.
     pub verb: String,
     /// `foos`, `foos/status`, `deployments`, ... (empty for non-resource paths).
     pub resource: String,
@@ -207,7 +208,7 @@ pub fn classify<B>(request: &Request<B>) -> (String, String) {
         [resource, _name, sub, ..] => (format!("{resource}/{sub}"), true),
     };
     let verb = match *request.method() {
-        http::Method::GET if watching && listing => "list",
+        http::Method::GET if watching && listing => "watchlist",
         http::Method::GET if watching => "watch",
         http::Method::GET if named => "get",
         http::Method::GET => "list",
@@ -241,6 +242,18 @@ impl HttpBody for CutBody {
         }
         let Some(inner) = self.inner.as_mut() else { return Poll::Ready(None) };
         Pin::new(inner).poll_frame(cx).map_err(|e| std::io::Error::other(e.to_string()))
+    }
+}
+
+impl Seen {
+    /// A request for every object: a LIST, or a watch that sends them first.
+    pub fn is_full_list(&self) -> bool {
+        self.verb == "list" || self.verb == "watchlist"
+    }
+
+    /// A request that watches: a watch, or a watch that lists first.
+    pub fn is_watch(&self) -> bool {
+        self.verb == "watch" || self.verb == "watchlist"
     }
 }
 
