@@ -163,7 +163,10 @@ async fn handle(
         let _ = cuts.changed().await;
     });
     let (parts, body) = response.into_parts();
-    Ok(Response::from_parts(parts, CutBody { inner: Some(body), cut: if verb == "watch" { Some(cut) } else { None } }))
+    Ok(Response::from_parts(
+        parts,
+        CutBody { inner: Some(body), cut: if verb == "watch" || verb == "watchlist" { Some(cut) } else { None } },
+    ))
 }
 
 /// An answer like the API server's own to a refused request.
