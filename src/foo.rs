@@ -4,10 +4,10 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::{CustomResource, Resource};
-
-use crate::constants::CONDITION_READY;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+
+use crate::constants::CONDITION_READY;
 
 /// A DNS-1123 subdomain, the rule Kubernetes applies to Deployment names.
 /// Checked by the API server so a bad name is refused at `kubectl apply`,
@@ -133,6 +133,36 @@ impl Foo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn condition(type_: &str) -> Condition {
+        Condition {
+            type_: type_.into(),
+            status: "True".into(),
+            reason: "R".into(),
+            message: String::new(),
+            observed_generation: Some(3),
+            last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ),
+        }
+    }
+
+    #[test]
+    fn the_status_applied_is_ours_only_with_identity_and_no_spec() {
+        let status = FooStatus {
+            available_replicas: 2,
+            observed_generation: Some(3),
+            conditions: vec![condition("BackedUp"), condition(CONDITION_READY), condition("Audited")],
+        };
+        let ours = status.owned_by_controller();
+        assert_eq!((ours.available_replicas, ours.observed_generation), (2, Some(3)));
+        assert_eq!(ours.conditions, vec![condition(CONDITION_READY)], "other writers' conditions are not ours");
+        let apply = Foo::status_apply("example-foo", ours);
+        assert_eq!(apply["apiVersion"], "samplecontroller.k8s.io/v1alpha1");
+        assert_eq!((apply["kind"].as_str(), apply["metadata"]["name"].as_str()), (Some("Foo"), Some("example-foo")));
+        assert_eq!(apply["status"]["availableReplicas"], 2);
+        assert!(apply.get("spec").is_none(), "a status apply must not own the spec");
+    }
 
     #[test]
     fn the_name_length_message_names_the_limit() {

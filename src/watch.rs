@@ -201,6 +201,9 @@ mod tests {
             retry_after_seconds: 3,
         });
         assert_eq!(retry_after(&failed(&status)), Some(secs(3.0)));
+        status.details.as_mut().unwrap().retry_after_seconds = 0;
+        assert_eq!(retry_after(&failed(&status)), None, "0 asks for nothing: the backoff decides");
+        status.details.as_mut().unwrap().retry_after_seconds = 3;
         assert_eq!(retry_after(&watcher::Error::WatchError(status.clone().boxed())), Some(secs(3.0)));
     }
 
