@@ -148,9 +148,19 @@ fn series_key(ev: &EventSpec, regarding: &ObjectReference) -> u64 {
 }
 
 /// Recorders `R` by generation, and which one holds each live series.
+/// One Recorder and what it has done.
+struct Generation<R> {
+    id: u64,
+    recorder: R,
+    /// New series it started.
+    started: usize,
+    /// When it sent its newest Event.
+    newest: Instant,
+}
+
 struct Generations<R> {
-    /// Oldest first: (id, recorder, series started, newest event).
-    alive: VecDeque<(u64, R, usize, Instant)>,
+    /// Oldest first.
+    alive: VecDeque<Generation<R>>,
     /// Series key -> (generation id, last event).
     series: HashMap<u64, (u64, Instant)>,
     /// `series`' size after its last sweep; the next one is at twice that.
@@ -168,37 +178,37 @@ impl<R> Generations<R> {
     /// the series, else the newest (made with `new` when full or none).
     fn for_series(&mut self, key: u64, now: Instant, new: impl FnOnce() -> R) -> &R {
         self.expire(now);
-        let holder = self.series.get(&key).map(|&(id, _)| id).filter(|id| self.alive.iter().any(|g| g.0 == *id));
+        let holder = self.series.get(&key).map(|&(id, _)| id).filter(|id| self.alive.iter().any(|g| g.id == *id));
         let id = match holder {
             Some(id) => id,
             None => {
-                if self.alive.back().is_none_or(|g| g.2 >= self.remembered) {
+                if self.alive.back().is_none_or(|g| g.started >= self.remembered) {
                     if self.alive.len() == GENERATIONS {
                         // The one whose series went quiet longest goes.
-                        let quietest = (0..self.alive.len()).min_by_key(|&i| self.alive[i].3).expect("full");
+                        let quietest = (0..self.alive.len()).min_by_key(|&i| self.alive[i].newest).expect("full");
                         self.alive.remove(quietest);
                     }
-                    self.alive.push_back((self.next_id, new(), 0, now));
+                    self.alive.push_back(Generation { id: self.next_id, recorder: new(), started: 0, newest: now });
                     self.next_id += 1;
                 }
                 let newest = self.alive.back_mut().expect("just made");
-                newest.2 += 1;
-                newest.0
+                newest.started += 1;
+                newest.id
             }
         };
         self.series.insert(key, (id, now));
-        let generation = self.alive.iter_mut().find(|g| g.0 == id).expect("alive");
-        generation.3 = now;
-        &generation.1
+        let generation = self.alive.iter_mut().find(|g| g.id == id).expect("alive");
+        generation.newest = now;
+        &generation.recorder
     }
 
     /// Drop the generations whose series are all over, and now and then
     /// the series of dropped generations.
     fn expire(&mut self, now: Instant) {
         let over = |at: Instant| now.saturating_duration_since(at) >= SERIES_WINDOW;
-        self.alive.retain(|g| !over(g.3));
+        self.alive.retain(|g| !over(g.newest));
         if self.series.len() >= 2 * self.swept.max(self.remembered) {
-            let alive: Vec<u64> = self.alive.iter().map(|g| g.0).collect();
+            let alive: Vec<u64> = self.alive.iter().map(|g| g.id).collect();
             self.series.retain(|_, (id, at)| !over(*at) && alive.contains(id));
             self.series.shrink_to_fit();
             self.swept = self.series.len();
@@ -295,7 +305,7 @@ mod tests {
         assert_eq!(pick(&mut g, 1, t + Duration::from_secs(300) + SERIES_WINDOW - Duration::from_secs(1)), 0);
         let later = t + Duration::from_secs(301) + 2 * SERIES_WINDOW;
         pick(&mut g, 9, later);
-        assert_eq!(g.alive.iter().map(|a| a.0).collect::<Vec<_>>(), [2], "both earlier generations are gone");
+        assert_eq!(g.alive.iter().map(|a| a.id).collect::<Vec<_>>(), [2], "both earlier generations are gone");
         assert_eq!(pick(&mut g, 1, later), 3, "a repeat after its window is a new series (generation 2 is full)");
     }
 
@@ -309,7 +319,7 @@ mod tests {
         pick(&mut g, 0, at(10)); // generation 0's series repeats: it stays
         pick(&mut g, 100, at(11)); // a new series needs a fifth generation
         assert_eq!(g.alive.len(), GENERATIONS);
-        let ids: Vec<_> = g.alive.iter().map(|a| a.0).collect();
+        let ids: Vec<_> = g.alive.iter().map(|a| a.id).collect();
         assert_eq!(ids, [0, 2, 3, 4], "generation 1 was the quietest");
         assert_eq!(pick(&mut g, 0, at(12)), 0, "the repeating series kept its Recorder");
         for key in 200..(200 + GENERATIONS as u64) {

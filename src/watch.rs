@@ -91,7 +91,7 @@ where
                 pacing = Pacing::default();
                 Some(with_jitter(REFUSED_RETRY, fastrand::f64()))
             }
-            Err(e) => Some(pacing.failed(Instant::now(), retry_after(e), fastrand::f64())),
+            Err(e) => Some(pacing.failed(Instant::now(), status_wait(e), fastrand::f64())),
         };
         Some((event, (events, fresh, pacing, wait)))
     })
@@ -106,7 +106,7 @@ pub fn server_gone(e: &watcher::Error) -> bool {
 
 /// The wait the server asked for in the `Status` it failed the request with
 /// (`details.retryAfterSeconds`), once the client's own retries are spent.
-fn retry_after(e: &watcher::Error) -> Option<Duration> {
+fn status_wait(e: &watcher::Error) -> Option<Duration> {
     let status = match e {
         watcher::Error::WatchStartFailed(kube::Error::Api(s))
         | watcher::Error::WatchFailed(kube::Error::Api(s))
@@ -191,7 +191,7 @@ mod tests {
     fn the_wait_a_failed_requests_status_asks_for_is_read() {
         let mut status = kube::core::Status::failure("storage is (re)initializing", "TooManyRequests").with_code(429);
         let failed = |s: &kube::core::Status| watcher::Error::WatchStartFailed(kube::Error::Api(s.clone().boxed()));
-        assert_eq!(retry_after(&failed(&status)), None, "no details");
+        assert_eq!(status_wait(&failed(&status)), None, "no details");
         status.details = Some(kube::core::response::StatusDetails {
             name: String::new(),
             group: String::new(),
@@ -200,11 +200,11 @@ mod tests {
             causes: vec![],
             retry_after_seconds: 3,
         });
-        assert_eq!(retry_after(&failed(&status)), Some(secs(3.0)));
+        assert_eq!(status_wait(&failed(&status)), Some(secs(3.0)));
         status.details.as_mut().unwrap().retry_after_seconds = 0;
-        assert_eq!(retry_after(&failed(&status)), None, "0 asks for nothing: the backoff decides");
+        assert_eq!(status_wait(&failed(&status)), None, "0 asks for nothing: the backoff decides");
         status.details.as_mut().unwrap().retry_after_seconds = 3;
-        assert_eq!(retry_after(&watcher::Error::WatchError(status.clone().boxed())), Some(secs(3.0)));
+        assert_eq!(status_wait(&watcher::Error::WatchError(status.clone().boxed())), Some(secs(3.0)));
     }
 
     #[test]
