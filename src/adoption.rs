@@ -4,7 +4,10 @@
 //! label, so without it a Deployment is invisible: hand scaling and deletion
 //! would not be put back, and the Foo's status would not follow its pods.
 //!
-//! Before the first sync acts, one pass lists the candidates once — metadata
+//! Once the caches are synced, and under leader election once this replica
+//! leads, the operator ([`crate::app`]) runs one pass; syncs wait for it
+//! ([`Adoption::finished`]), as until then a Deployment of ours could look
+//! missing. The pass lists the candidates once — metadata
 //! only, those without our label ([`unmanaged_selector`]) — and labels
 //! each that a cached Foo controls by uid ([`adoption_patch`]) with one
 //! conditional, metadata-only patch: no rollout, no pod replaced, never a
@@ -17,59 +20,66 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{ListParams, ObjectMeta, Patch};
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Resource, ResourceExt};
-use tokio::sync::OnceCell;
+use kube::{Api, ResourceExt};
+use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::client::patch_params;
 use crate::decision::DeploymentPatch;
-use crate::deployment::{DeploymentView, controller_of, has_managed_label, unmanaged_selector};
+use crate::deployment::{DeploymentView, controlling_foo, has_managed_label, unmanaged_selector};
 use crate::foo::Foo;
-use crate::sync::patch_params;
 
-/// The adoption pass of one controller run: runs once, the first time a
-/// sync needs it; concurrent syncs wait for it.
+/// The adoption pass of one controller run, and whether it has finished.
 pub struct Adoption {
     /// Where to look (the watched namespace, or all); `None`: nothing to do.
     deployments: Option<Api<Deployment>>,
     concurrency: usize,
-    done: OnceCell<()>,
+    finished: watch::Sender<bool>,
 }
 
 impl Adoption {
     pub fn new(deployments: Api<Deployment>, concurrency: usize) -> Self {
-        Adoption { deployments: Some(deployments), concurrency: concurrency.max(1), done: OnceCell::new() }
+        Adoption {
+            deployments: Some(deployments),
+            concurrency: concurrency.max(1),
+            finished: watch::Sender::new(false),
+        }
     }
 
-    /// No pass: for caches whose contents a test fixes.
+    /// No pass, finished already: for caches whose contents a test fixes.
     pub fn none() -> Self {
-        Adoption { deployments: None, concurrency: 1, done: OnceCell::new_with(Some(())) }
+        Adoption { deployments: None, concurrency: 1, finished: watch::Sender::new(true) }
     }
 
-    /// Run the pass unless it ran; `foo_uid` answers with the uid of a
-    /// cached Foo, `may_write` whether this replica may still write (leader
-    /// election). Adopted Deployments are handed to `adopted` (for the
-    /// cache) as the API server returned them.
-    pub async fn ensure(
+    /// Resolves once the pass has run (or failed: see [`Adoption::run`]).
+    pub async fn finished(&self) {
+        // Err only if the sender is gone, and it lives as long as `self`.
+        let _ = self.finished.subscribe().wait_for(|finished| *finished).await;
+    }
+
+    /// Run the pass; `foo_uid` answers with the uid of a cached Foo,
+    /// `may_write` whether this replica may still write (leader election).
+    /// Adopted Deployments are handed to `adopted` (for the cache) as the API
+    /// server returned them. A failure is logged and not fatal: a sync still
+    /// adopts each Deployment it meets, at the cost of a create attempt and a
+    /// read.
+    pub async fn run(
         &self,
         foo_uid: impl Fn(&ObjectRef<Foo>) -> Option<String>,
         may_write: impl Fn() -> bool,
         adopted: impl Fn(DeploymentView),
     ) {
-        self.done
-            .get_or_init(|| async {
-                let Some(api) = &self.deployments else { return };
-                match self.run(api, &foo_uid, &may_write, &adopted).await {
-                    Ok(0) => {}
-                    Ok(n) => info!(deployments = n, "adopted Deployments made by an earlier controller"),
-                    // Not fatal: a sync still adopts each Deployment it meets,
-                    // at the cost of a create attempt and a read.
-                    Err(e) => warn!(error = %e, "cannot list Deployments to adopt; each Foo's sync will adopt its own"),
-                }
-            })
-            .await;
+        if let Some(api) = &self.deployments {
+            match self.adopt(api, &foo_uid, &may_write, &adopted).await {
+                Ok(0) => {}
+                Ok(n) => info!(deployments = n, "adopted Deployments made by an earlier controller"),
+                Err(e) => warn!(error = %e, "cannot list Deployments to adopt; each Foo's sync will adopt its own"),
+            }
+        }
+        self.finished.send_replace(true);
     }
 
-    async fn run(
+    async fn adopt(
         &self,
         api: &Api<Deployment>,
         foo_uid: &impl Fn(&ObjectRef<Foo>) -> Option<String>,
@@ -123,13 +133,8 @@ pub fn adoption_patch(
         return None;
     }
     let meta: &ObjectMeta = &d.metadata;
-    let owner = controller_of(d)?;
-    let group = owner.api_version.split_once('/').map_or("", |(group, _)| group);
-    if owner.kind != Foo::kind(&()) || group != Foo::group(&()) {
-        return None;
-    }
-    let foo = ObjectRef::new(&owner.name).within(meta.namespace.as_deref()?);
-    (foo_uid(&foo)? == owner.uid).then(|| DeploymentPatch {
+    let foo = controlling_foo(d)?;
+    (foo_uid(&foo)? == *foo.extra.uid.as_ref()?).then(|| DeploymentPatch {
         name: d.name_any(),
         uid: meta.uid.clone(),
         resource_version: meta.resource_version.clone(),

@@ -1,80 +1,109 @@
-//! The operator process: endpoints, client, leader election, controller and
-//! shutdown, put together. `main.rs` only parses flags and calls [`run`].
+//! The operator process: endpoints, client, leader election, controller,
+//! the adoption pass and shutdown, put together. `main.rs` only parses flags
+//! and calls [`run`].
 
-use std::future::Future;
 use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::FutureExt;
-use futures::future::Shared;
-use kube::Client;
 use kube::runtime::Controller;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, ResourceExt};
+use tokio::task::JoinHandle;
 use tracing::info;
 
+use crate::adoption::Adoption;
+use crate::cache::Caches;
 use crate::cli::Cli;
-use crate::client;
-use crate::controller::{self, Caches, Settings};
+use crate::client::{self, ConfigError};
+use crate::controller::{self, Settings};
 use crate::foo::Foo;
-use crate::http::{self, Readiness};
-use crate::leader::{Elector, Fence, LeaderConfig, check_timing, default_identity};
+use crate::http::{self, BindError, Readiness};
+use crate::leader::{self, Elector, Fence, LeaderConfig, check_timing, default_identity};
 use crate::metrics::Metrics;
 use crate::metrics_auth::MetricsAuth;
 use crate::sync::Context;
-use crate::tls;
-use crate::{Error, Result};
+use crate::tls::{self, TlsError};
 
 /// How long a graceful shutdown waits for queued Events to be sent.
 const EVENT_FLUSH_GRACE: Duration = Duration::from_secs(5);
 
-/// A future that resolves once SIGTERM or SIGINT arrives; cloneable.
-pub type Shutdown = Shared<futures::future::BoxFuture<'static, ()>>;
+/// Why the process ends with a failure: it could not start, or it stopped
+/// leading. (A sync's failures are [`crate::error::SyncError`]s, retried.)
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
 
-/// Resolves on the first SIGTERM/SIGINT; a second one exits at once.
-pub fn shutdown_signal() -> Shutdown {
-    let (tx, rx) = futures::channel::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        wait_for_signal().await;
-        info!("shutdown requested; finishing in-flight syncs (signal again to exit at once)");
-        let _ = tx.send(());
-        wait_for_signal().await;
-        std::process::exit(130);
-    });
-    rx.map(|_| ()).boxed().shared()
-}
+    /// The Kubernetes client could not be built.
+    #[error("cannot build the Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
 
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => tokio::select! {
-                _ = term.recv() => {}
-                _ = tokio::signal::ctrl_c() => {}
-            },
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
+    /// The leader-election timing flags would allow two leaders or a tight
+    /// loop; refused at start with client-go's message.
+    #[error(
+        "invalid leader election timing: {0} (--leader-elect-lease-duration, --leader-elect-renew-deadline, --leader-elect-retry-period)"
+    )]
+    LeaderTiming(String),
+
+    /// The metrics listener's certificate cannot be read or made.
+    #[error("metrics TLS: {0}")]
+    Tls(#[from] TlsError),
+
+    /// A listener for metrics or probes could not be bound.
+    #[error(transparent)]
+    Http(#[from] BindError),
+
+    /// This replica stopped leading; it exits so that it restarts as a
+    /// standby, as client-go and controller-runtime do.
+    #[error("lost the lease {lease}: {reason}")]
+    LostLease { lease: String, reason: leader::Lost },
 }
 
 /// Run the operator until shutdown (returns `Ok`) or lost leadership
 /// (returns an error, so the process exits non-zero and is restarted as a
 /// standby — as client-go and controller-runtime do).
-pub async fn run(cli: Cli) -> Result<()> {
+pub async fn run(cli: Cli) -> Result<(), Error> {
     if cli.leader_elect {
         check_timing(cli.leader_elect_lease_duration, cli.leader_elect_renew_deadline, cli.leader_elect_retry_period)
             .map_err(Error::LeaderTiming)?;
     }
     let metrics = Arc::new(Metrics::new());
-    let client = client::build(cli.kube_config().await?, metrics.rest_requests.clone())?;
+    let config = client::config(cli.kubeconfig.as_deref(), cli.master.as_ref()).await?;
+    let client = client::build(config, metrics.rest_requests.clone()).map_err(Error::Client)?;
     metrics.set_max_workers(cli.workers);
     let readiness = Arc::new(Readiness::default());
+    serve_endpoints(&cli, &client, &metrics, &readiness).await?;
+
+    let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers };
+    let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
+    let adoption = Arc::new(Adoption::new(client::api(&client, settings.namespace.as_deref()), cli.workers.into()));
+    let identity = default_identity();
+    let parts = Parts { client: client.clone(), caches, adoption, metrics, instance: identity.clone(), readiness };
+    if !cli.leader_elect {
+        start_adoption(&parts.caches, &parts.adoption, None);
+        run_controller(controller, parts, None).await;
+        return Ok(());
+    }
+    let lease = LeaderConfig {
+        lease_name: cli.leader_election_id.clone(),
+        namespace: cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned()),
+        identity,
+        lease_duration: cli.leader_elect_lease_duration,
+        renew_deadline: cli.leader_elect_renew_deadline,
+        retry_period: cli.leader_elect_retry_period,
+    };
+    lead(controller, parts, Elector::new(client, lease)).await
+}
+
+/// The metrics listener (over HTTPS with authentication when
+/// `--metrics-secure`) and the probes, each unless disabled.
+async fn serve_endpoints(
+    cli: &Cli,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    readiness: &Arc<Readiness>,
+) -> Result<(), Error> {
     if let Some(addr) = cli.metrics_bind_address.0 {
         if cli.metrics_secure {
             let tls = tls::server_config(cli.metrics_cert_dir.as_deref(), cli.enable_http2)?;
@@ -87,37 +116,19 @@ pub async fn run(cli: Cli) -> Result<()> {
     if let Some(addr) = cli.health_probe_bind_address.0 {
         http::serve(addr, http::PROBE_ENDPOINTS, http::probes_router(readiness.clone())).await?;
     }
-    let shutdown = shutdown_signal();
-    let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers };
-    let identity = default_identity();
-    let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
-    let parts =
-        Parts { client: &client, caches, metrics: &metrics, instance: Some(identity.clone()), readiness: &readiness };
+    Ok(())
+}
 
-    if !cli.leader_elect {
-        run_controller(controller, parts, None, shutdown).await;
-        return Ok(());
-    }
-
-    let lease = cli.leader_election_id.clone();
-    let mut elector = Elector::new(
-        client.clone(),
-        LeaderConfig {
-            lease_name: lease.clone(),
-            namespace: cli.lease_namespace(),
-            identity,
-            lease_duration: cli.leader_elect_lease_duration,
-            renew_deadline: cli.leader_elect_renew_deadline,
-            retry_period: cli.leader_elect_retry_period,
-        },
-    );
-    // A hot standby, as controller-runtime's manager: the watches and caches
-    // run on every replica, and only the syncs wait for the Lease (they do
-    // nothing while the fence does not hold). Taking the Lease syncs every
-    // cached Foo at once, with no list first.
+/// A hot standby, as controller-runtime's manager: the watches and caches
+/// run on every replica, and only the syncs wait for the Lease (they do
+/// nothing while the fence does not hold). Taking the Lease adopts, then
+/// syncs every cached Foo at once, with no list first.
+async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -> Result<(), Error> {
+    let (metrics, lease) = (parts.metrics.clone(), elector.lease_name().to_owned());
+    let (caches, adoption, fence) = (parts.caches.clone(), parts.adoption.clone(), elector.fence());
     let (took_lease, on_took_lease) = futures::channel::mpsc::unbounded();
     let controller = controller.reconcile_all_on(on_took_lease);
-    let mut controller = pin!(run_controller(controller, parts, Some(elector.fence()), shutdown));
+    let mut controller = pin!(run_controller(controller, parts, Some(fence.clone())));
     metrics.set_leader(&lease, false);
     tokio::select! {
         _ = elector.acquire() => {}
@@ -125,6 +136,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         _ = &mut controller => return Ok(()),
     }
     metrics.set_leader(&lease, true);
+    start_adoption(&caches, &adoption, Some(fence));
     let _ = took_lease.unbounded_send(());
     let result = tokio::select! {
         // Graceful shutdown: in-flight syncs finished, then hand over.
@@ -141,34 +153,44 @@ pub async fn run(cli: Cli) -> Result<()> {
     result
 }
 
-/// What a controller run is made of, besides the controller itself.
-struct Parts<'a> {
-    client: &'a Client,
-    caches: Caches,
-    metrics: &'a Arc<Metrics>,
-    /// The Events' `reportingInstance`.
-    instance: Option<String>,
-    readiness: &'a Arc<Readiness>,
+/// Run the adoption pass in the background once the caches are synced,
+/// writing only while `fence` holds; the syncs wait for it to finish.
+pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<Arc<Fence>>) -> JoinHandle<()> {
+    let (caches, adoption) = (caches.clone(), adoption.clone());
+    tokio::spawn(async move {
+        if !caches.synced().await {
+            return;
+        }
+        let foo_uid = |foo: &ObjectRef<Foo>| caches.foos.get(foo).and_then(|f| f.uid());
+        let may_write = || leader::may_write(fence.as_deref());
+        adoption.run(foo_uid, may_write, |adopted| caches.deployments.wrote(None, Some(adopted))).await;
+    })
 }
 
-/// Run the controller until `shutdown`, reporting readiness once its caches
+/// What a controller run is made of, besides the controller itself.
+struct Parts {
+    client: Client,
+    caches: Caches,
+    adoption: Arc<Adoption>,
+    metrics: Arc<Metrics>,
+    /// The Events' `reportingInstance`.
+    instance: String,
+    readiness: Arc<Readiness>,
+}
+
+/// Run the controller until shutdown, reporting readiness once its caches
 /// are filled; then send the Events still queued. If the future is dropped
 /// instead (lost leadership), queued Events are dropped with it.
-async fn run_controller(
-    controller: Controller<Foo>,
-    parts: Parts<'_>,
-    fence: Option<Arc<Fence>>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
-    let Parts { client, caches, metrics, instance, readiness } = parts;
-    let ctx = Arc::new(Context::new(client.clone(), caches.clone(), metrics.clone(), instance, fence));
-    let readiness = readiness.clone();
+async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option<Arc<Fence>>) {
+    let Parts { client, caches, adoption, metrics, instance, readiness } = parts;
+    let ctx = Arc::new(Context::new(client, caches.clone(), adoption, metrics, Some(instance), fence));
     let synced = tokio::spawn(async move {
-        caches.synced().await;
-        info!("caches synced");
-        readiness.caches_synced();
+        if caches.synced().await {
+            info!("caches synced");
+            readiness.caches_synced();
+        }
     });
-    controller::run(controller, ctx.clone(), shutdown).await;
+    controller::run(controller, ctx.clone()).await;
     synced.abort();
     ctx.events.flush(EVENT_FLUSH_GRACE).await;
 }

@@ -13,23 +13,51 @@
 //!   that runs in between would otherwise see the old object and repeat the
 //!   write (a second create, a second status patch and event). What the API
 //!   server returned to our write stands in for the cached object until the
-//!   watch has caught up with it. Nothing is written on the strength of it
-//!   alone: every write stays a create or conditional on a resourceVersion.
+//!   watch has caught up with it ([`own_writes`]). Nothing is written on the
+//!   strength of it alone: every write stays a create or conditional on a
+//!   resourceVersion. A status write no longer wakes its own Foo (the
+//!   controller filters Foo changes on their generation), but the Deployment
+//!   it created does, within milliseconds, and that sync needs the Foo as
+//!   written;
+//! - an **index by controller uid** ([`index`]), so a sync finds the
+//!   Deployments its Foo controls without a scan.
+//!
+//! Readiness is the reflector store's own ([`Store::wait_until_ready`]).
 
-use std::collections::HashMap;
+mod index;
+mod own_writes;
+
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
+use kube::Resource;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, reflector::reflector};
-use kube::{Resource, ResourceExt};
 use parking_lot::Mutex;
-use tokio::sync::watch;
 
-use crate::deployment::{DeploymentView, controller_of};
+use crate::deployment::DeploymentView;
 use crate::foo::Foo;
+use index::{ByController, controller_uid};
+use own_writes::OwnWrites;
+
+/// What the controller knows of the cluster, filled by its watches.
+#[derive(Clone)]
+pub struct Caches {
+    pub foos: Arc<Cache<Foo>>,
+    /// Only the Deployments labelled as made by this controller.
+    pub deployments: Arc<Cache<DeploymentView>>,
+}
+
+impl Caches {
+    /// Resolves once both caches hold their first full list: `true`; or
+    /// `false` once a watch ended before its first list (the controller
+    /// stopped).
+    pub async fn synced(&self) -> bool {
+        self.foos.store.wait_until_ready().await.is_ok() && self.deployments.store.wait_until_ready().await.is_ok()
+    }
+}
 
 /// A reflector store of `K`, plus our own writes it has not seen yet.
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
@@ -38,7 +66,6 @@ pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     trim: fn(&mut K),
     written: Mutex<OwnWrites<K>>,
     controlled: Mutex<ByController<K>>,
-    synced: watch::Sender<bool>,
 }
 
 impl<K> Cache<K>
@@ -49,13 +76,7 @@ where
     /// [`Cache::reflect`] fills it with.
     pub fn new(trim: fn(&mut K)) -> (Arc<Self>, Writer<K>) {
         let (store, writer) = reflector::store();
-        let cache = Cache {
-            store,
-            trim,
-            written: Mutex::default(),
-            controlled: Mutex::default(),
-            synced: watch::Sender::new(false),
-        };
+        let cache = Cache { store, trim, written: Mutex::default(), controlled: Mutex::default() };
         (Arc::new(cache), writer)
     }
 
@@ -120,13 +141,6 @@ where
         self.written().record(before, after);
     }
 
-    /// Resolves once the first full list has been stored.
-    pub async fn synced(&self) {
-        let mut rx = self.synced.subscribe();
-        // Err only if the sender is gone, and it lives as long as `self`.
-        let _ = rx.wait_for(|synced| *synced).await;
-    }
-
     /// The reader the controller schedules syncs from.
     pub fn store(&self) -> Store<K> {
         self.store.clone()
@@ -146,7 +160,6 @@ where
                 // A relist replaced the store: objects deleted while the
                 // watch was down must leave the index too.
                 *self.controlled.lock() = ByController::of(self.store.state());
-                self.synced.send_replace(true);
             }
             watcher::Event::Init => {}
         }
@@ -154,119 +167,6 @@ where
 
     fn written(&self) -> parking_lot::MutexGuard<'_, OwnWrites<K>> {
         self.written.lock()
-    }
-}
-
-/// The uid of `obj`'s controller, if it has one.
-fn controller_uid<K: Resource>(obj: &K) -> Option<&str> {
-    controller_of(obj).map(|o| o.uid.as_str())
-}
-
-/// Cached objects by the uid of their controller.
-struct ByController<K: Resource<DynamicType = ()>> {
-    /// A Vec, not a set: a controller has one object or a few. Each starts
-    /// with room for one; a HashSet's or Vec's first insert takes room for
-    /// four (400 bytes here), which at ten thousand Foos was 4 MiB.
-    keys: HashMap<String, Vec<ObjectRef<K>>>,
-    controller: HashMap<ObjectRef<K>, String>,
-}
-
-impl<K: Resource<DynamicType = ()>> Default for ByController<K> {
-    fn default() -> Self {
-        ByController { keys: HashMap::new(), controller: HashMap::new() }
-    }
-}
-
-impl<K: Resource<DynamicType = ()>> ByController<K> {
-    fn of(objects: Vec<Arc<K>>) -> Self {
-        let mut index = Self::default();
-        objects.iter().for_each(|obj| index.apply(obj));
-        index
-    }
-
-    fn apply(&mut self, obj: &K) {
-        // Name and namespace only (keys compare on those): no copies of the
-        // uid and resourceVersion per entry.
-        let key = ObjectRef::new(&obj.name_any()).within(obj.namespace().as_deref().unwrap_or_default());
-        self.remove(&key);
-        if let Some(uid) = controller_uid(obj) {
-            self.keys.entry(uid.to_owned()).or_insert_with(|| Vec::with_capacity(1)).push(key.clone());
-            self.controller.insert(key, uid.to_owned());
-        }
-    }
-
-    fn remove(&mut self, key: &ObjectRef<K>) {
-        let Some(uid) = self.controller.remove(key) else { return };
-        if let Some(keys) = self.keys.get_mut(&uid) {
-            keys.retain(|k| k != key);
-            if keys.is_empty() {
-                self.keys.remove(&uid);
-            }
-        }
-    }
-
-    fn keys(&self, uid: &str) -> Vec<ObjectRef<K>> {
-        self.keys.get(uid).cloned().unwrap_or_default()
-    }
-}
-
-/// Our writes that the watch has not delivered yet, by object.
-struct OwnWrites<K: Resource<DynamicType = ()>> {
-    entries: HashMap<ObjectRef<K>, Entry<K>>,
-}
-
-impl<K: Resource<DynamicType = ()>> Default for OwnWrites<K> {
-    fn default() -> Self {
-        OwnWrites { entries: HashMap::new() }
-    }
-}
-
-struct Entry<K> {
-    /// The object written (its uid).
-    uid: Option<String>,
-    /// The resourceVersion our write replaced; `None` for a create.
-    replaced: Option<String>,
-    /// What the API server returned; `None` after a delete.
-    result: Option<Arc<K>>,
-}
-
-impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
-    fn record(&mut self, before: Option<&K>, after: Option<Arc<K>>) {
-        let Some(named) = after.as_deref().or(before) else { return };
-        let key = ObjectRef::from_obj(named);
-        let uid = named.uid();
-        let replaced = before.and_then(|b| b.resource_version());
-        self.entries.insert(key, Entry { uid, replaced, result: after });
-    }
-
-    /// The watch delivered `obj`: once that is our write or anything after
-    /// it, the cache knows better than our record.
-    fn observe(&mut self, obj: &K) {
-        let key = ObjectRef::from_obj(obj);
-        if self.entries.get(&key).is_some_and(|e| Self::supersedes(e, obj)) {
-            self.entries.remove(&key);
-        }
-    }
-
-    fn resolve(&self, key: &ObjectRef<K>, cached: Option<Arc<K>>) -> Option<Arc<K>> {
-        let Some(entry) = self.entries.get(key) else { return cached };
-        let stands_in = match (&entry.replaced, cached.as_deref()) {
-            // Our create: until the cache shows that very object, whatever
-            // it holds under the name is older.
-            (None, cached) => cached.is_none_or(|c| c.uid() != entry.uid),
-            // Our update or delete: only of the version the cache still
-            // holds. Anything else there is newer.
-            (Some(replaced), Some(c)) => c.uid() == entry.uid && c.resource_version().as_ref() == Some(replaced),
-            (Some(_), None) => false,
-        };
-        if stands_in { entry.result.clone() } else { cached }
-    }
-
-    /// True when `seen` is the written object at or after our write: same
-    /// uid, and not the version the write replaced. (A different uid is an
-    /// older object of the same name, whose deletion is still on its way.)
-    fn supersedes(entry: &Entry<K>, seen: &K) -> bool {
-        seen.uid() == entry.uid && seen.resource_version() != entry.replaced
     }
 }
 
@@ -298,66 +198,7 @@ mod tests {
     use crate::testing::{DeploymentFixture, FooFixture};
     use futures::StreamExt;
     use k8s_openapi::api::apps::v1::Deployment;
-
-    fn key(d: &Deployment) -> ObjectRef<Deployment> {
-        ObjectRef::from_obj(d)
-    }
-
-    fn version(d: &Deployment, rv: &str, replicas: i32) -> Deployment {
-        let mut d = d.clone();
-        d.metadata.resource_version = Some(rv.into());
-        d.spec.as_mut().unwrap().replicas = Some(replicas);
-        d
-    }
-
-    #[test]
-    fn a_created_object_stands_in_until_the_watch_delivers_it() {
-        let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
-        let mut w = OwnWrites::default();
-        w.record(None, Some(Arc::new(d.clone())));
-        assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d), "not in the cache yet");
-        w.observe(&d);
-        assert_eq!(w.resolve(&key(&d), None), None, "the watch saw it and then its deletion");
-    }
-
-    #[test]
-    fn a_patch_stands_in_for_the_version_it_replaced_only() {
-        let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
-        let (old, ours, later) = (version(&d, "1", 1), version(&d, "2", 3), version(&d, "3", 5));
-        let mut w = OwnWrites::default();
-        w.record(Some(&old), Some(Arc::new(ours.clone())));
-        assert_eq!(w.resolve(&key(&d), Some(Arc::new(old.clone()))).as_deref(), Some(&ours));
-        assert_eq!(w.resolve(&key(&d), Some(Arc::new(later.clone()))).as_deref(), Some(&later));
-        // The watch delivering the replaced version (in flight) changes nothing.
-        w.observe(&old);
-        assert_eq!(w.resolve(&key(&d), Some(Arc::new(old))).as_deref(), Some(&ours));
-        w.observe(&ours);
-        assert!(w.entries.is_empty());
-    }
-
-    #[test]
-    fn a_deleted_object_is_gone_until_the_watch_shows_otherwise() {
-        let d = version(&Deployment::owned_by(&Foo::test("f").deployment("d")), "7", 1);
-        let mut w = OwnWrites::default();
-        w.record(Some(&d), None);
-        assert_eq!(w.resolve(&key(&d), Some(Arc::new(d.clone()))), None);
-        // A new object of that name (another uid) is not hidden by it.
-        let mut successor = d.clone();
-        successor.metadata.uid = Some("uid-successor".into());
-        w.observe(&successor);
-        assert_eq!(w.resolve(&key(&d), Some(Arc::new(successor.clone()))).as_deref(), Some(&successor));
-    }
-
-    #[test]
-    fn an_older_object_of_the_same_name_does_not_clear_our_create() {
-        let d = Deployment::owned_by(&Foo::test("f").deployment("d"));
-        let mut predecessor = d.clone();
-        predecessor.metadata.uid = Some("uid-predecessor".into());
-        let mut w = OwnWrites::default();
-        w.record(None, Some(Arc::new(d.clone())));
-        w.observe(&predecessor); // its Delete event, arriving late
-        assert_eq!(w.resolve(&key(&d), None).as_deref(), Some(&d));
-    }
+    use kube::ResourceExt;
 
     #[tokio::test]
     async fn latest_prefers_what_the_watch_delivered_since_over_a_stale_copy() {
@@ -375,7 +216,7 @@ mod tests {
         for event in [watcher::Event::Init, watcher::Event::InitApply(before.clone()), watcher::Event::InitDone] {
             events.unbounded_send(Ok(event)).unwrap();
         }
-        cache.synced().await;
+        cache.store().wait_until_ready().await.unwrap();
         cache.wrote(Some(&before), Some(ours.clone()));
         assert_eq!(cache.latest(Arc::new(before.clone())).resource_version().as_deref(), Some("101"), "our write");
         events.unbounded_send(Ok(watcher::Event::Apply(ours))).unwrap();
@@ -383,7 +224,7 @@ mod tests {
         drop(events);
         drained.await.unwrap();
         assert_eq!(cache.latest(Arc::new(before)).resource_version().as_deref(), Some("102"), "the watch's newer one");
-        assert!(cache.written().entries.is_empty(), "the watch delivered our write: the record is gone");
+        assert!(cache.written().is_empty(), "the watch delivered our write: the record is gone");
     }
 
     #[tokio::test]
@@ -406,7 +247,7 @@ mod tests {
         for e in [Init, InitApply(a1.clone()), InitApply(a2.clone()), InitApply(b1), InitApply(foreign), InitDone] {
             send(e);
         }
-        cache.synced().await;
+        cache.store().wait_until_ready().await.unwrap();
         assert_eq!((names("uid-a"), names("uid-b")), (vec!["a1".to_owned(), "a2".into()], vec!["b1".to_owned()]));
         assert_eq!(names("uid-other"), vec!["x".to_owned()], "any controller, not only Foos");
         send(Delete(a2));

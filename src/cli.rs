@@ -6,10 +6,9 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser, ValueEnum};
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use clap::Parser;
 
-use crate::{Error, Result};
+use crate::telemetry::LogFormat;
 
 /// Default `--workers`. Upstream's 2 (from 2017) halves convergence: on the
 /// benchmark's plane even the floor (nothing but the required writes) is
@@ -80,7 +79,8 @@ pub struct Cli {
     )]
     pub leader_election_id: String,
 
-    /// Namespace of the leader-election Lease (default: the pod's namespace, else "default").
+    /// Namespace of the leader-election Lease (default: the client's namespace: the pod's in a
+    /// cluster, else the kubeconfig context's, else "default").
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECTION_NAMESPACE", value_name = "NAMESPACE")]
     pub leader_election_namespace: Option<String>,
 
@@ -105,112 +105,6 @@ pub struct Cli {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct BindAddress(pub Option<SocketAddr>);
 
-#[derive(ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LogFormat {
-    Text,
-    Json,
-}
-
-impl Cli {
-    /// Client configuration: `--kubeconfig` (or KUBECONFIG), else kube's
-    /// inference (~/.kube/config, then in-cluster); `--master` overrides the
-    /// server address, as upstream's `clientcmd.BuildConfigFromFlags`.
-    pub async fn kube_config(&self) -> Result<kube::Config> {
-        let mut config = match (&self.kubeconfig, &self.master) {
-            (Some(path), _) => {
-                let error = |source| Error::Kubeconfig { path: path.clone(), source };
-                let kc = Kubeconfig::read_from(path).map_err(error)?;
-                kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(error)?
-            }
-            (None, Some(master)) => kube::Config::new(master.clone()),
-            (None, None) => kube::Config::infer().await.map_err(Error::NoClusterConfig)?,
-        };
-        if let Some(master) = &self.master {
-            config.cluster_url = master.clone();
-        }
-        Ok(config)
-    }
-
-    pub fn lease_namespace(&self) -> String {
-        self.leader_election_namespace
-            .clone()
-            .or_else(|| std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace").ok())
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .unwrap_or_else(|| "default".to_owned())
-    }
-}
-
-/// The command line after [`from_go_style`]: what clap parses, and what
-/// was translated on the way.
-#[derive(Debug, Default, PartialEq)]
-pub struct GoStyleArgs {
-    pub args: Vec<String>,
-    /// One line per flag that was mapped or ignored, for the log.
-    pub notices: Vec<String>,
-    /// klog's `-v=N`, as a log filter (used when RUST_LOG is unset).
-    pub log_filter: Option<String>,
-}
-
-/// klog's boolean flags that upstream's command lines carry and that mean
-/// nothing here: logs always go to stderr.
-const KLOG_IGNORED: [&str; 2] = ["logtostderr", "alsologtostderr"];
-
-/// Accept upstream's command line unchanged. Go's flag package takes long
-/// flags with one dash (`-kubeconfig=PATH`, `-kubeconfig PATH`,
-/// `-master=URL`); every long flag of ours is accepted that way too. klog's
-/// `-v=N` becomes a log filter; `-logtostderr` and `-alsologtostderr` are
-/// dropped. Anything else is left for clap to accept or refuse.
-pub fn from_go_style(args: impl IntoIterator<Item = String>) -> GoStyleArgs {
-    let ours: Vec<String> = Cli::command().get_arguments().filter_map(|a| a.get_long().map(str::to_owned)).collect();
-    let mut out = GoStyleArgs::default();
-    let mut args = args.into_iter();
-    out.args.extend(args.next()); // the program
-    while let Some(arg) = args.next() {
-        if arg == "--" {
-            out.args.push(arg);
-            out.args.extend(args.by_ref());
-            break;
-        }
-        let Some(flag) = arg.strip_prefix("--").or_else(|| arg.strip_prefix('-')) else {
-            out.args.push(arg);
-            continue;
-        };
-        let (name, value) = match flag.split_once('=') {
-            Some((name, value)) => (name, Some(value.to_owned())),
-            None => (flag, None),
-        };
-        if name == "v" {
-            let level = value.or_else(|| args.next()).unwrap_or_default();
-            let filter = klog_filter(&level);
-            out.notices.push(match &filter {
-                Some(f) => format!("-v={level} (klog) maps to RUST_LOG={f}"),
-                None => format!("-v={level} (klog) is not a number; ignored"),
-            });
-            out.log_filter = filter;
-        } else if KLOG_IGNORED.contains(&name) {
-            out.notices.push(format!("-{flag} (klog) ignored: logs always go to stderr"));
-        } else if !arg.starts_with("--") && name.len() > 1 && ours.iter().any(|o| o == name) {
-            out.args.push(format!("-{arg}"));
-        } else {
-            out.args.push(arg);
-        }
-    }
-    out
-}
-
-/// The log filter for klog's verbosity: 0-3 is our default, 4 and 5 add our
-/// debug lines, 6 and up our trace lines and kube's debug lines.
-fn klog_filter(level: &str) -> Option<String> {
-    let level: u8 = level.parse().ok()?;
-    let base = crate::telemetry::DEFAULT_FILTER;
-    Some(match level {
-        0..=3 => base.to_owned(),
-        4..=5 => format!("{base},sample_controller=debug"),
-        _ => format!("{base},sample_controller=trace,kube=debug"),
-    })
-}
-
 fn parse_master(master: &str) -> Result<http::Uri, String> {
     master.parse().map_err(|e| format!("{master:?} is not a URL: {e}"))
 }
@@ -225,40 +119,13 @@ pub fn parse_bind_address(addr: &str) -> Result<BindAddress, String> {
     full.parse().map(|a| BindAddress(Some(a))).map_err(|e| format!("{addr:?}: {e} (expected host:port, :port or 0)"))
 }
 
-/// Durations as Go's `time.ParseDuration` reads them in flags: "15s",
-/// "500ms", "1m30s", "1.5h"; units ns, us (µs), ms, s, m, h. A bare "0"
-/// is zero; any other number needs its unit.
+/// A duration as Go's `time.ParseDuration` reads it ("15s", "500ms",
+/// "1m30s", "1.5h"), as client-go's leader-election flags take it; not
+/// negative.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let text = s.trim();
-    let bad = || format!("{text:?} is not a duration like 15s, 500ms, 1m30s or 2h");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    if text.is_empty() {
-        return Err(bad());
-    }
-    let mut rest = text;
-    let mut total = 0f64;
-    while !rest.is_empty() {
-        let number_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(bad)?;
-        let (number, tail) = rest.split_at(number_end);
-        let value: f64 = number.parse().map_err(|_| bad())?;
-        let unit_end = tail.find(|c: char| c.is_ascii_digit() || c == '.').unwrap_or(tail.len());
-        let (unit, tail) = tail.split_at(unit_end);
-        let seconds = match unit {
-            "ns" => 1e-9,
-            "us" | "µs" => 1e-6,
-            "ms" => 1e-3,
-            "s" => 1.0,
-            "m" => 60.0,
-            "h" => 3600.0,
-            "" => return Err(format!("{text:?}: a number needs a unit (ns, us, ms, s, m, h)")),
-            _ => return Err(format!("{text:?}: unknown unit {unit:?} (use ns, us, ms, s, m or h)")),
-        };
-        total += value * seconds;
-        rest = tail;
-    }
-    Duration::try_from_secs_f64(total).map_err(|_| bad())
+    let bad = || format!("{s:?} is not a duration like 15s, 500ms, 1m30s or 2h");
+    let nanos = go_parse_duration::parse_duration(s.trim()).map_err(|_| bad())?;
+    u64::try_from(nanos).map(Duration::from_nanos).map_err(|_| bad())
 }
 
 #[cfg(test)]
@@ -293,43 +160,6 @@ mod tests {
         for bad in ["soon", "15", "5d", "", "s", "-1s", "1..5s"] {
             assert!(parse_duration(bad).is_err(), "{bad:?} must be refused");
         }
-    }
-
-    fn go_style(args: &[&str]) -> GoStyleArgs {
-        from_go_style(std::iter::once("sample-controller").chain(args.iter().copied()).map(str::to_owned))
-    }
-
-    #[test]
-    fn upstreams_readme_command_line_starts_ours() {
-        // sample-controller's README: `./sample-controller -kubeconfig=$HOME/.kube/config`
-        let go = go_style(&["-kubeconfig=/home/me/.kube/config", "-master=https://10.0.0.1:6443"]);
-        assert!(go.notices.is_empty(), "{:?}", go.notices);
-        let cli = Cli::try_parse_from(go.args).unwrap();
-        assert_eq!(cli.kubeconfig.as_deref(), Some("/home/me/.kube/config"));
-        assert_eq!(cli.master, Some("https://10.0.0.1:6443".parse().unwrap()));
-        // Go's other form: the value as the next argument.
-        let cli = Cli::try_parse_from(go_style(&["-kubeconfig", "/k", "-namespace", "ns"]).args).unwrap();
-        assert_eq!((cli.kubeconfig.as_deref(), cli.namespace.as_deref()), (Some("/k"), Some("ns")));
-    }
-
-    #[test]
-    fn klog_flags_are_mapped_or_ignored_with_a_notice() {
-        let go = go_style(&["-v=4", "-logtostderr", "--alsologtostderr=true", "-kubeconfig=/k"]);
-        assert_eq!(go.args, ["sample-controller", "--kubeconfig=/k"]);
-        assert_eq!(go.log_filter, Some(format!("{},sample_controller=debug", crate::telemetry::DEFAULT_FILTER)));
-        assert_eq!(go.notices.len(), 3, "{:?}", go.notices);
-        assert!(go.notices[0].starts_with("-v=4 (klog) maps to RUST_LOG="), "{:?}", go.notices);
-        assert_eq!(go.notices[1], "-logtostderr (klog) ignored: logs always go to stderr");
-        assert_eq!(go_style(&["-v", "2"]).log_filter.as_deref(), Some(crate::telemetry::DEFAULT_FILTER));
-        assert!(go_style(&["-v=7"]).log_filter.unwrap().ends_with("sample_controller=trace,kube=debug"));
-        assert_eq!(go_style(&["-v=loud"]).log_filter, None);
-    }
-
-    #[test]
-    fn short_flags_values_and_unknown_flags_are_left_to_clap() {
-        let go = go_style(&["-V", "--workers", "-1", "-nonsense=1", "--", "-kubeconfig=x"]);
-        assert_eq!(go.args, ["sample-controller", "-V", "--workers", "-1", "-nonsense=1", "--", "-kubeconfig=x"]);
-        assert!(Cli::try_parse_from(go_style(&["-nonsense=1"]).args).is_err());
     }
 
     #[test]

@@ -5,6 +5,10 @@
 //! and retries a request as client-go does: only when the server said when
 //! ([`RetryAfter`]).
 //!
+//! Where the client connects is found as upstream's `BuildConfigFromFlags`
+//! finds it ([`config`]), and the parameters every request carries (our field
+//! manager) and the scope of every `Api` are set here, once.
+//!
 //! kube's own retry layer is turned off: it retries 429, 503 and 504 with or
 //! without a `Retry-After`, and waits the longer of that and its own backoff
 //! (5 ms doubling to 1000 s, 15 tries), so after a minute of refusals it
@@ -15,18 +19,21 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
-use http::{Request, Response};
+use http::{Request, Response, Uri};
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, PatchParams, PostParams};
 use kube::client::{Body, ClientBuilder};
-use kube::{Client, Config};
+use kube::config::{InferConfigError, KubeConfigOptions, Kubeconfig, KubeconfigError};
+use kube::{Client, Config, Resource};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use tower::buffer::BufferLayer;
 use tower::retry::{Policy, RetryLayer};
 use tower::{BoxError, Layer, Service};
 
-use crate::constants::USER_AGENT;
+use crate::constants::{FIELD_MANAGER, USER_AGENT};
 use crate::metrics::RestLabels;
-use crate::{Error, Result};
+use crate::retry::with_jitter;
 
 /// Retries of one request the server asked to be retried later, as
 /// client-go's `maxRetries`.
@@ -36,12 +43,47 @@ pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// Requests queued for the retry layer (it needs a cloneable service).
 const QUEUED: usize = 1024;
 
+/// Why no client configuration could be had.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The kubeconfig given with `--kubeconfig` cannot be used.
+    #[error("cannot use kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: KubeconfigError,
+    },
+
+    /// No kubeconfig and not in a cluster.
+    #[error("no cluster configuration found ({0}); pass --kubeconfig, set KUBECONFIG, or run in a cluster")]
+    NotFound(#[source] InferConfigError),
+}
+
+/// Client configuration: `kubeconfig` (`--kubeconfig`, or KUBECONFIG), else
+/// kube's inference (~/.kube/config, then in-cluster); `master` overrides
+/// the server address, as upstream's `clientcmd.BuildConfigFromFlags`.
+pub async fn config(kubeconfig: Option<&str>, master: Option<&Uri>) -> Result<Config, ConfigError> {
+    let mut config = match (kubeconfig, master) {
+        (Some(path), _) => {
+            let error = |source| ConfigError::Kubeconfig { path: path.to_owned(), source };
+            let kc = Kubeconfig::read_from(path).map_err(error)?;
+            Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default()).await.map_err(error)?
+        }
+        (None, Some(master)) => Config::new(master.clone()),
+        (None, None) => Config::infer().await.map_err(ConfigError::NotFound)?,
+    };
+    if let Some(master) = master {
+        config.cluster_url = master.clone();
+    }
+    Ok(config)
+}
+
 /// A client for `config`, counting its requests into `requests`.
-pub fn build(mut config: Config, requests: Family<RestLabels, Counter>) -> Result<Client> {
+pub fn build(mut config: Config, requests: Family<RestLabels, Counter>) -> kube::Result<Client> {
     config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     config.default_retry = false;
     let host = config.cluster_url.authority().map(|a| a.to_string()).unwrap_or_default();
-    let builder = ClientBuilder::try_from(config).map_err(Error::Client)?;
+    let builder = ClientBuilder::try_from(config)?;
     Ok(builder
         .with_layer(&CountRequests { requests, host })
         .with_layer(&BufferLayer::new(QUEUED))
@@ -49,10 +91,32 @@ pub fn build(mut config: Config, requests: Family<RestLabels, Counter>) -> Resul
         .build())
 }
 
-/// `delay` lengthened by up to a quarter at random (`random` in [0, 1)), so
-/// that clients refused together do not come back in step.
-pub fn with_jitter(delay: Duration, random: f64) -> Duration {
-    delay.mul_f64(1.0 + 0.25 * random.clamp(0.0, 1.0))
+/// `K`s in `namespace`, or in all namespaces (`None`).
+pub fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>,
+{
+    match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Every merge patch's parameters: our field manager.
+pub fn patch_params() -> PatchParams {
+    PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
+}
+
+/// A server-side apply's parameters: our field manager, taking over the
+/// fields it applies from any other manager (a controller's own fields, as
+/// the API conventions ask of controllers).
+pub fn apply_params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// Every create's and replace's parameters: our field manager.
+pub fn post_params() -> PostParams {
+    PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }
 }
 
 /// What the server asked in `response`: to be asked again after this long.

@@ -1,7 +1,10 @@
-//! Every name the controller puts on the wire: field manager, labels, event
-//! reasons and messages, condition types. Kept in one place so the docs,
-//! the tests and the code cannot drift apart, and so they match upstream
-//! sample-controller where upstream has a name for the same thing.
+//! The names a sync puts on the wire: field manager, user agent, labels,
+//! event reasons and messages, condition types. Kept in one place so the
+//! docs, the tests and the code cannot drift apart, and so they match
+//! upstream sample-controller where upstream has a name for the same thing.
+//! Two kinds of name live with what they name instead: the Foo schema's
+//! validation messages in [`crate::foo`], and metric names in
+//! [`crate::metrics`] and [`crate::workqueue`].
 
 /// Field manager for every write (create, patch, status). Upstream uses the
 /// same name, so managedFields name the same manager after swapping the

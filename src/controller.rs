@@ -1,59 +1,27 @@
 //! Watches into triggers: Foos and the Deployments they own are watched
 //! into caches, and each change becomes a sync of the Foo it concerns, run
-//! by kube-runtime's `Controller` ([`crate::sync`] carries a sync out,
-//! [`crate::retry`] times a failed one's retry).
+//! by kube-runtime's `Controller` ([`crate::sync`] carries a sync out and
+//! times a failed one's retry).
 
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use kube::runtime::WatchStreamExt;
+use kube::Client;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::Backoff;
-use kube::runtime::watcher;
-use kube::{Api, Client, Resource, ResourceExt};
+use kube::runtime::{WatchStreamExt, predicates, watcher};
 use tracing::{debug, info};
 
-use crate::Error;
-use crate::adoption::Adoption;
-use crate::cache::{Cache, trim_deployment, trim_foo};
-use crate::deployment::{DeploymentView, managed_selector};
+use crate::cache::{Cache, Caches, trim_deployment, trim_foo};
+use crate::client::api;
+use crate::deployment::{DeploymentView, controlling_foo, managed_selector};
+use crate::error::SyncError;
 use crate::foo::Foo;
-use crate::leader::{Fence, may_write};
-use crate::retry::error_policy;
-use crate::sync::{Context, reconcile};
+use crate::sync::{Context, error_policy, reconcile};
 use crate::watch::watch;
-use crate::workqueue::QueueMetrics;
-
-/// What the controller knows of the cluster, filled by its watches.
-#[derive(Clone)]
-pub struct Caches {
-    pub foos: Arc<Cache<Foo>>,
-    /// Only the Deployments labelled as made by this controller.
-    pub deployments: Arc<Cache<DeploymentView>>,
-    /// Brings the Deployments an earlier controller made into `deployments`.
-    pub adoption: Arc<Adoption>,
-}
-
-impl Caches {
-    /// Resolves once both caches hold their first full list.
-    pub async fn synced(&self) {
-        self.foos.synced().await;
-        self.deployments.synced().await;
-    }
-
-    /// Resolves once the caches are synced and the Deployments our Foos
-    /// control all carry our label (the adoption pass ran): until then a
-    /// Deployment would look missing.
-    pub(crate) async fn ready(&self, fence: Option<&Fence>) {
-        self.synced().await;
-        let foo_uid = |foo: &ObjectRef<Foo>| self.foos.get(foo).and_then(|f| f.uid());
-        let may_write = || may_write(fence);
-        self.adoption.ensure(foo_uid, may_write, |adopted| self.deployments.wrote(None, Some(adopted))).await;
-    }
-}
+use crate::workqueue::{QueueMetrics, queue_key};
 
 /// What to watch, and how hard to work.
 #[derive(Clone, Debug)]
@@ -62,16 +30,6 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// Foos reconciled at once (upstream's `threadiness`; `--workers`).
     pub workers: u16,
-}
-
-fn api<K>(client: &Client, namespace: Option<&str>) -> Api<K>
-where
-    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
-{
-    match namespace {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
-    }
 }
 
 /// The controller's own backoff over all its triggers: none, as each watch
@@ -109,18 +67,24 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
                 let _ = freed.unbounded_send(ObjectRef::from_obj(d));
             }
         });
-    // What triggers a sync, counted as the workqueue's adds.
+    // What triggers a sync, counted as the workqueue's adds. A Foo's own
+    // status write changes its resourceVersion, not its generation: it wakes
+    // no sync (the first sight of each Foo does).
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
-    let foo_triggers = foos.reflect(foo_writer, foo_events).applied_objects().inspect(move |foo| {
-        if let Ok(foo) = foo {
-            q1.added(queue_key(&ObjectRef::from_obj(foo)));
-        }
-    });
+    let foo_triggers = foos
+        .reflect(foo_writer, foo_events)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default())
+        .inspect(move |foo| {
+            if let Ok(foo) = foo {
+                q1.added(queue_key(&ObjectRef::from_obj(foo)));
+            }
+        });
     // Deletions too: a Deployment deleted by hand is put back.
     let owned_triggers =
         deployments.reflect(deployment_writer, deployment_events).touched_objects().inspect(move |d| {
-            if let Ok(d) = d {
-                owners(d).for_each(|foo| q2.added(queue_key(&foo)));
+            if let Ok(foo) = d.as_ref().map(controlling_foo) {
+                foo.into_iter().for_each(|foo| q2.added(queue_key(&foo)));
             }
         });
     let freed_triggers = waiting_for(foos.clone(), freed_names).inspect(move |foo| q3.added(queue_key(foo)));
@@ -130,21 +94,7 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
         .reconcile_on(freed_triggers)
         .trigger_backoff(EachWatchBacksOff)
         .with_config(ControllerConfig::default().concurrency(settings.workers));
-    let adoption = Arc::new(Adoption::new(api(client, settings.namespace.as_deref()), settings.workers.into()));
-    (controller, Caches { foos, deployments, adoption })
-}
-
-/// The Foos controlling `d` (as kube-runtime maps owned objects to owners).
-fn owners(d: &DeploymentView) -> impl Iterator<Item = ObjectRef<Foo>> + '_ {
-    d.owner_references()
-        .iter()
-        .filter(|o| o.controller == Some(true) && o.kind == "Foo")
-        .map(|o| ObjectRef::new(&o.name).within(d.namespace().as_deref().unwrap_or_default()))
-}
-
-/// A Foo's key in the workqueue metrics: `namespace/name`.
-pub(crate) fn queue_key<K: Resource>(obj: &ObjectRef<K>) -> String {
-    format!("{}/{}", obj.namespace.as_deref().unwrap_or_default(), obj.name)
+    (controller, Caches { foos, deployments })
 }
 
 /// The Foos that name a Deployment of ours which was just deleted: one
@@ -155,21 +105,18 @@ fn waiting_for(
     freed: impl futures::Stream<Item = ObjectRef<DeploymentView>> + Send + 'static,
 ) -> impl futures::Stream<Item = ObjectRef<Foo>> + Send + 'static {
     freed.flat_map(move |d| {
-        let naming = foos.filter(|f| f.namespace() == d.namespace && f.spec.deployment_name == d.name);
+        let naming = foos.filter(|f| f.metadata.namespace == d.namespace && f.spec.deployment_name == d.name);
         futures::stream::iter(naming.into_iter().map(|f| ObjectRef::from_obj(&*f)))
     })
 }
 
-/// Run `controller` until `shutdown` resolves, then let in-flight syncs
-/// finish.
-pub async fn run(
-    controller: Controller<Foo>,
-    ctx: Arc<Context>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) {
+/// Run `controller` until SIGTERM or SIGINT, then let in-flight syncs
+/// finish; a second signal stops waiting for them (kube-runtime's shutdown
+/// handling).
+pub async fn run(controller: Controller<Foo>, ctx: Arc<Context>) {
     let queue = ctx.metrics.queue.clone();
     controller
-        .graceful_shutdown_on(shutdown)
+        .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|outcome| {
             report(outcome, &queue);
@@ -180,8 +127,7 @@ pub async fn run(
 }
 
 /// One item of the controller's output stream.
-type StreamItem =
-    std::result::Result<(ObjectRef<Foo>, Action), kube::runtime::controller::Error<Error, watcher::Error>>;
+type StreamItem = Result<(ObjectRef<Foo>, Action), kube::runtime::controller::Error<SyncError, watcher::Error>>;
 
 /// Log what the controller's stream says, at the level it deserves.
 fn report(outcome: StreamItem, queue: &QueueMetrics) {

@@ -2,7 +2,7 @@
 //! function. Given the Foo, the Deployment of its `spec.deploymentName` as
 //! the API server returned it (or none) and the Deployments labelled for
 //! this Foo, [`decide`] returns a [`Plan`]: which writes to make, which
-//! events to emit and how the sync ends. `controller.rs` carries it out and
+//! events to emit and how the sync ends. [`crate::sync`] carries it out and
 //! does nothing else, so every branch is tested here without a server.
 
 use kube::runtime::events::EventType;

@@ -1,7 +1,8 @@
 //! The Deployment a Foo asks for — upstream's `newDeployment(foo)` —, what
 //! the controller keeps of the Deployments it sees ([`DeploymentView`]), and
-//! the ownership test that decides whether it may touch one. Pure functions
-//! over plain values; the API calls live in `controller.rs`.
+//! the one ownership rule, by controller ownerReference
+//! ([`controlling_foo`], [`is_controlled_by`]). Pure functions over plain
+//! values; the API calls live in [`crate::sync`] and [`crate::adoption`].
 
 use std::collections::BTreeMap;
 
@@ -9,6 +10,7 @@ use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use k8s_openapi::{Metadata, NamespaceResourceScope};
+use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +64,14 @@ pub fn owner_reference(foo: &Foo) -> Option<OwnerReference> {
 /// `metav1.GetControllerOf`: the one lookup every ownership test uses.
 pub fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
     obj.meta().owner_references.iter().flatten().find(|o| o.controller == Some(true))
+}
+
+/// The Foo that controls `obj`: its controller ownerReference, if that names
+/// a Foo (apiVersion and kind), read by kube-runtime's own rule — the one by
+/// which its `Controller` maps an owned object to its owner. The reference's
+/// uid is in the result's `extra.uid`.
+pub fn controlling_foo<K: Resource>(obj: &K) -> Option<ObjectRef<Foo>> {
+    ObjectRef::from_owner_ref(obj.meta().namespace.as_deref(), controller_of(obj)?, ())
 }
 
 /// True when `deployment` has a controller ownerReference naming this Foo's
@@ -266,5 +276,24 @@ mod tests {
         let mut not_controller = ours.clone();
         not_controller.metadata.owner_references.as_mut().unwrap()[0].controller = Some(false);
         assert!(!is_controlled_by(&not_controller, &owner));
+        assert_eq!(controlling_foo(&not_controller), None);
+    }
+
+    #[test]
+    fn the_controlling_foo_is_named_by_api_version_and_kind_in_the_deployments_namespace() {
+        let foo = Foo::test("f").deployment("d");
+        let with_owner = |edit: fn(&mut OwnerReference)| {
+            let mut d = Deployment::owned_by(&foo);
+            edit(&mut d.metadata.owner_references.as_mut().unwrap()[0]);
+            controlling_foo(&d)
+        };
+        let owner = with_owner(|_| {}).unwrap();
+        assert_eq!(owner, ObjectRef::new("f").within("default"));
+        assert_eq!(owner.extra.uid, foo.metadata.uid);
+        assert_eq!(with_owner(|o| o.api_version = "samplecontroller.k8s.io/v1".into()), None, "another version");
+        assert_eq!(with_owner(|o| o.kind = "Bar".into()), None);
+        assert_eq!(with_owner(|o| o.api_version = "example.com/v1alpha1".into()), None);
+        assert_eq!(with_owner(|o| o.api_version = "v1".into()), None, "the core group is not ours");
+        assert_eq!(controlling_foo(&Deployment::foreign("d")), None);
     }
 }

@@ -16,7 +16,16 @@ use tokio::net::TcpListener;
 
 use crate::metrics::Metrics;
 use crate::metrics_auth::{Access, MetricsAuth};
-use crate::{Error, Result};
+/// A listener that could not be bound.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot serve HTTP on {addr}: {source}")]
+pub struct BindError {
+    pub addr: SocketAddr,
+    #[source]
+    pub source: std::io::Error,
+}
+
+type Result<T> = std::result::Result<T, BindError>;
 
 /// What `/readyz` reports: ready once the caches are filled, on every
 /// replica — a standby keeps them warm too, so a ready standby can take over
@@ -91,8 +100,8 @@ pub async fn serve_tls(
 /// Bind `addr`; also returns the bound address (with port 0 the kernel
 /// picks one, and the start-up log says which).
 async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
-    let listener = TcpListener::bind(addr).await.map_err(|source| Error::Http { addr, source })?;
-    let bound = listener.local_addr().map_err(|source| Error::Http { addr, source })?;
+    let listener = TcpListener::bind(addr).await.map_err(|source| BindError { addr, source })?;
+    let bound = listener.local_addr().map_err(|source| BindError { addr, source })?;
     Ok((listener, bound))
 }
 
@@ -148,12 +157,22 @@ async fn readyz(State(readiness): State<Arc<Readiness>>) -> impl IntoResponse {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::body::Body;
+    use tower::ServiceExt;
 
-    #[test]
-    fn ready_once_the_caches_are_synced() {
-        let r = Readiness::default();
-        assert!(!r.is_ready(), "not before the caches are filled, standby or leader");
-        r.caches_synced();
-        assert!(r.is_ready());
+    async fn get(router: &Router, path: &str) -> StatusCode {
+        let request = axum::http::Request::get(path).body(Body::empty()).unwrap();
+        router.clone().oneshot(request).await.unwrap().status()
+    }
+
+    #[tokio::test]
+    async fn readyz_answers_503_until_the_caches_are_synced_and_healthz_always_200() {
+        let readiness = Arc::new(Readiness::default());
+        let router = probes_router(readiness.clone());
+        assert_eq!(get(&router, "/readyz").await, StatusCode::SERVICE_UNAVAILABLE, "standby or leader alike");
+        assert_eq!(get(&router, "/healthz").await, StatusCode::OK);
+        readiness.caches_synced();
+        assert_eq!(get(&router, "/readyz").await, StatusCode::OK);
+        assert_eq!(get(&router, "/metrics").await, StatusCode::NOT_FOUND, "metrics are on their own listener");
     }
 }

@@ -27,7 +27,7 @@ use kube::{Client, ResourceExt};
 use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
-use crate::sync::post_params;
+use crate::client::post_params;
 
 /// Timing and identity of one candidate.
 #[derive(Clone, Debug)]
@@ -86,6 +86,11 @@ impl Fence {
 
     fn renewed(&self, attempt: Instant, deadline: Duration) {
         *self.valid_until.lock() = Some(attempt + deadline);
+    }
+
+    /// Hold no more: this replica is handing the Lease over.
+    fn revoke(&self) {
+        *self.valid_until.lock() = None;
     }
 }
 
@@ -176,6 +181,11 @@ impl Elector {
     }
 
     /// The fence this elector keeps up to date while it leads.
+    /// The name of the Lease contended for.
+    pub fn lease_name(&self) -> &str {
+        &self.cfg.lease_name
+    }
+
     pub fn fence(&self) -> Arc<Fence> {
         self.fence.clone()
     }
@@ -247,6 +257,9 @@ impl Elector {
     /// our last one, as client-go's (no holder, a 1 s duration). Errors are
     /// logged, as the Lease expires anyway.
     pub async fn release(&mut self) {
+        // Nothing of this replica writes once the Lease may be someone
+        // else's: not a sync still running after a forced shutdown.
+        self.fence.revoke();
         let Some(mut lease) = self.lease.clone().filter(|l| holder(l).as_deref() == Some(&self.cfg.identity)) else {
             debug!(lease = %self.cfg.lease_name, "lease not ours; nothing to release");
             return;

@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sample_controller::cli::{Cli, from_go_style};
+use sample_controller::cli::Cli;
+use sample_controller::go_flags::from_go_style;
 use sample_controller::{app, telemetry};
 
 /// jemalloc, for memory that stays flat: see Cargo.toml.

@@ -19,7 +19,6 @@ use prometheus_client::registry::Registry;
 
 use kube::runtime::controller::Action;
 
-use crate::Error;
 use crate::constants::METRICS_CONTROLLER_LABEL;
 use crate::workqueue::QueueMetrics;
 
@@ -137,7 +136,7 @@ impl Metrics {
             "Number of HTTP requests, partitioned by status code, method, and host.",
             self.rest_requests.clone(),
         );
-        r.register_collector(Box::new(Process));
+        r.register_collector(Box::new(crate::process::Process));
         self.queue.register(r, METRICS_CONTROLLER_LABEL);
         self
     }
@@ -156,7 +155,7 @@ impl Metrics {
 
     /// Record one finished reconcile: an error, a requeue after a delay, or
     /// a success (nothing more to do until something changes).
-    pub fn observe_reconcile(&self, took: Duration, outcome: Result<&Action, &Error>) {
+    pub fn observe_reconcile<E>(&self, took: Duration, outcome: Result<&Action, &E>) {
         let result = match outcome {
             Err(_) => RESULT_ERROR,
             Ok(action) if *action == Action::await_change() => RESULT_SUCCESS,
@@ -211,78 +210,6 @@ fn result_labels(result: &str) -> ResultLabels {
     ResultLabels { controller: METRICS_CONTROLLER_LABEL.into(), result: result.into() }
 }
 
-/// client-go's (Prometheus') process metrics, read from /proc at scrape
-/// time: `process_cpu_seconds_total`, `process_resident_memory_bytes`,
-/// `process_virtual_memory_bytes`, `process_open_fds`,
-/// `process_start_time_seconds`. Nothing is reported where /proc is missing.
-#[derive(Debug)]
-struct Process;
-
-/// Linux's USER_HZ: the unit of times in /proc/self/stat.
-const TICKS_PER_SECOND: f64 = 100.0;
-
-impl prometheus_client::collector::Collector for Process {
-    fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        use prometheus_client::encoding::EncodeMetric;
-        use prometheus_client::metrics::counter::ConstCounter;
-        use prometheus_client::metrics::gauge::ConstGauge;
-        let Some(p) = ProcStat::read() else { return Ok(()) };
-        let cpu = ConstCounter::new(p.cpu_seconds);
-        cpu.encode(encoder.encode_descriptor(
-            "process_cpu_seconds",
-            "Total user and system CPU time spent in seconds.",
-            None,
-            cpu.metric_type(),
-        )?)?;
-        let gauges = [
-            ("process_resident_memory_bytes", "Resident memory size in bytes.", p.resident_bytes),
-            ("process_virtual_memory_bytes", "Virtual memory size in bytes.", p.virtual_bytes),
-            ("process_open_fds", "Number of open file descriptors.", p.open_fds),
-            ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", p.start_time),
-        ];
-        for (name, help, value) in gauges {
-            let gauge = ConstGauge::new(value);
-            gauge.encode(encoder.encode_descriptor(name, help, None, gauge.metric_type())?)?;
-        }
-        Ok(())
-    }
-}
-
-struct ProcStat {
-    cpu_seconds: f64,
-    resident_bytes: f64,
-    virtual_bytes: f64,
-    open_fds: f64,
-    start_time: f64,
-}
-
-impl ProcStat {
-    fn read() -> Option<Self> {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // Fields after the command name, which may hold spaces: state is field 3.
-        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
-        let field = |n: usize| fields.get(n - 3)?.parse::<f64>().ok();
-        let boot_time = std::fs::read_to_string("/proc/stat")
-            .ok()?
-            .lines()
-            .find_map(|l| l.strip_prefix("btime ")?.trim().parse::<f64>().ok())?;
-        Some(ProcStat {
-            cpu_seconds: (field(14)? + field(15)?) / TICKS_PER_SECOND,
-            virtual_bytes: field(23)?,
-            // VmRSS is in kB whatever the page size (4 KiB on x86-64, often
-            // 64 KiB on arm64), where stat's rss counts pages.
-            resident_bytes: resident_kib()? * 1024.0,
-            start_time: boot_time + field(22)? / TICKS_PER_SECOND,
-            open_fds: std::fs::read_dir("/proc/self/fd").map(|d| d.count() as f64).unwrap_or(0.0),
-        })
-    }
-}
-
-fn resident_kib() -> Option<f64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    status.lines().find_map(|l| l.strip_prefix("VmRSS:")?.trim().strip_suffix("kB")?.trim().parse().ok())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -294,19 +221,11 @@ mod tests {
     }
 
     #[test]
-    fn resident_memory_is_read_in_bytes_whatever_the_page_size() {
-        let bytes = resident_kib().unwrap() * 1024.0;
-        // A test process holds more than a megabyte and less than a gigabyte.
-        assert!((1e6..1e9).contains(&bytes), "{bytes}");
-    }
-
-    #[test]
     fn reconcile_metrics_use_controller_runtime_names() {
         let m = Metrics::new();
-        m.observe_reconcile(Duration::from_millis(20), Ok(&Action::await_change()));
-        m.observe_reconcile(Duration::from_millis(20), Ok(&Action::requeue(Duration::from_millis(5))));
-        let refused = Error::ResourceExists { foo: "default/f".into(), deployment: "d".into() };
-        m.observe_reconcile(Duration::from_millis(20), Err(&refused));
+        m.observe_reconcile::<&str>(Duration::from_millis(20), Ok(&Action::await_change()));
+        m.observe_reconcile::<&str>(Duration::from_millis(20), Ok(&Action::requeue(Duration::from_millis(5))));
+        m.observe_reconcile(Duration::from_millis(20), Err(&"refused"));
         let total = |result: &str| {
             value(&m, &format!(r#"controller_runtime_reconcile_total{{controller="foo",result="{result}"}}"#))
         };

@@ -1,22 +1,28 @@
-//! When a failed sync is tried again: per Foo, an exponential backoff
-//! from upstream's workqueue defaults (its per-item part), reset by the next
-//! success; never sooner than a second when the API server failed or refused
-//! the request, as the watches wait ([`crate::watch`]).
+//! The arithmetic of waiting before trying again, shared by the syncs and
+//! the watches:
+//! - a failed sync of a Foo waits by its own exponential backoff, the
+//!   per-item part of client-go's default controller rate limiter (5 ms
+//!   doubling to 1000 s), reset by its next success ([`Failures`]). The
+//!   other part, one token bucket over all items (10 per second, bursts of
+//!   100), is left out: it delays the retries of Foos that failed for their
+//!   own reasons behind each other, and when the API server fails, every
+//!   retry already waits at least [`FIRST_RETRY`] ([`retry_delay`]) and the
+//!   client waits out any `Retry-After` first;
+//! - waits are stretched by [`with_jitter`], so that clients refused together
+//!   do not come back in step.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
-use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
-use tracing::{error, info, warn};
 
-use crate::Error;
-use crate::controller::queue_key;
 use crate::foo::Foo;
-use crate::sync::Context;
-use crate::watch::FIRST_RETRY;
+
+/// The first retry after the API server failed or refused a request (a
+/// sync's, a watch's): answering a failing server within milliseconds would
+/// add to its load.
+pub const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// Per-object retry delay after a failed sync: upstream's workqueue default,
 /// 5 ms doubling up to 1000 s.
@@ -56,26 +62,16 @@ pub fn backoff_delay(failures: u32) -> Duration {
     BACKOFF_BASE.checked_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX)).map_or(BACKOFF_MAX, |d| d.min(BACKOFF_MAX))
 }
 
-/// The wait before a retry after `err`, given the Foo's `backoff`: no less
-/// than a second when the server failed the request. (The client's own
-/// retries waited out any Retry-After; answering a failing server within
-/// milliseconds would add to its load.)
-pub fn retry_delay(backoff: Duration, err: &Error) -> Duration {
-    if err.is_server_failure() { backoff.max(FIRST_RETRY) } else { backoff }
+/// The wait before a retry, given the Foo's `backoff`: no less than
+/// [`FIRST_RETRY`] when the server failed the request (`server_failure`).
+pub fn retry_delay(backoff: Duration, server_failure: bool) -> Duration {
+    if server_failure { backoff.max(FIRST_RETRY) } else { backoff }
 }
 
-/// Retry a failed sync after a per-object exponential backoff.
-pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
-    let obj = ObjectRef::from_obj(&*foo);
-    let delay = retry_delay(ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some()), err);
-    ctx.metrics.queue.retried(queue_key(&obj), delay);
-    match err {
-        Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
-        // Our cached copy was behind; the retry reads the newer one.
-        e if e.is_conflict() => info!(error = %err, retry_in = ?delay, "object changed since cached; retrying"),
-        _ => error!(error = %err, retry_in = ?delay, "sync failed"),
-    }
-    Action::requeue(delay)
+/// `delay` lengthened by up to a quarter at random (`random` in [0, 1)), so
+/// that clients refused together do not come back in step.
+pub fn with_jitter(delay: Duration, random: f64) -> Duration {
+    delay.mul_f64(1.0 + 0.25 * random.clamp(0.0, 1.0))
 }
 
 #[cfg(test)]
@@ -84,15 +80,9 @@ mod tests {
 
     #[test]
     fn a_sync_the_server_failed_waits_at_least_a_second_and_others_their_backoff() {
-        let failed = |code: u16| Error::Api {
-            foo: "default/f".into(),
-            action: crate::ApiAction::CreateDeployment,
-            source: kube::Error::Api(kube::core::Status::failure("", "").with_code(code).boxed()),
-        };
-        assert_eq!(retry_delay(backoff_delay(0), &failed(503)), Duration::from_secs(1));
-        assert_eq!(retry_delay(backoff_delay(0), &failed(429)), Duration::from_secs(1));
-        assert_eq!(retry_delay(backoff_delay(0), &failed(409)), Duration::from_millis(5), "a conflict: at once");
-        assert_eq!(retry_delay(backoff_delay(12), &failed(500)), backoff_delay(12), "a longer backoff stands");
+        assert_eq!(retry_delay(backoff_delay(0), true), Duration::from_secs(1));
+        assert_eq!(retry_delay(backoff_delay(0), false), Duration::from_millis(5), "a conflict: at once");
+        assert_eq!(retry_delay(backoff_delay(12), true), backoff_delay(12), "a longer backoff stands");
     }
 
     #[test]

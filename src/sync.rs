@@ -1,8 +1,8 @@
 //! Carrying out one sync: read the caches, ask [`decide`] what to do, make
-//! the plan's writes, publish its events. The only decisions here are
-//! about requests: a create that finds the name taken reads the Deployment
-//! once and asks `decide` again; a delete or status write whose object is
-//! already gone is done.
+//! the plan's writes, publish its events; and when a failed one runs again
+//! ([`error_policy`]). The only decisions here are about requests: a create
+//! that finds the name taken reads the Deployment once and asks `decide`
+//! again; a delete or status write whose object is already gone is done.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,27 +10,32 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, Patch, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
+use crate::adoption::Adoption;
+use crate::cache::Caches;
+use crate::client::{apply_params, patch_params, post_params};
 use crate::constants::*;
-use crate::controller::{Caches, queue_key};
 use crate::decision::{DeploymentAction, Outcome, Plan, decide};
 use crate::deployment::DeploymentView;
+use crate::error::{ApiAction, SyncError as Error, SyncResult as Result};
 use crate::events::Publisher;
 use crate::foo::Foo;
 use crate::leader::{Fence, may_write};
 use crate::metrics::Metrics;
-use crate::retry::{BACKOFF_BASE, Failures};
-use crate::{ApiAction, Error, Result};
+use crate::retry::{BACKOFF_BASE, Failures, retry_delay};
+use crate::workqueue::queue_key;
 
 /// Shared by all reconciles.
 pub struct Context {
     pub client: Client,
     pub caches: Caches,
+    /// The adoption pass, which the first syncs wait for.
+    pub adoption: Arc<Adoption>,
     pub events: Publisher,
     pub metrics: Arc<Metrics>,
     /// Under leader election: whether this replica may still write.
@@ -45,12 +50,13 @@ impl Context {
     pub fn new(
         client: Client,
         caches: Caches,
+        adoption: Arc<Adoption>,
         metrics: Arc<Metrics>,
         instance: Option<String>,
         fence: Option<Arc<Fence>>,
     ) -> Self {
         let events = Publisher::start(client.clone(), instance, fence.clone());
-        Context { client, caches, events, metrics, fence, failures: Failures::default() }
+        Context { client, caches, adoption, events, metrics, fence, failures: Failures::default() }
     }
 
     /// `Err` once this replica may no longer write as the leader.
@@ -80,6 +86,22 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     result
 }
 
+/// Retry a failed sync after a per-Foo exponential backoff, no sooner than
+/// a second when the API server failed it.
+pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
+    let obj = ObjectRef::from_obj(&*foo);
+    let backoff = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
+    let delay = retry_delay(backoff, err.is_server_failure());
+    ctx.metrics.queue.retried(queue_key(&obj), delay);
+    match err {
+        Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
+        // Our cached copy was behind; the retry reads the newer one.
+        e if e.is_conflict() => info!(error = %err, retry_in = ?delay, "object changed since cached; retrying"),
+        _ => error!(error = %err, retry_in = ?delay, "sync failed"),
+    }
+    Action::requeue(delay)
+}
+
 /// Which Foo a sync is about, worked out once.
 struct Target {
     namespace: String,
@@ -106,7 +128,7 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     // If the cache has not yet seen our last status write, use what it returned.
     let foo = ctx.caches.foos.latest(foo);
     let target = Target::of(&foo)?;
-    ctx.caches.ready(ctx.fence.as_deref()).await;
+    ctx.adoption.finished().await;
     let name = &foo.spec.deployment_name;
     let current = (!name.is_empty())
         .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
@@ -157,23 +179,6 @@ fn log_plan(target: &Target, plan: &Plan) {
     if plan.writes() {
         info!(foo = %target.key, plan = %summary(plan), "syncing");
     }
-}
-
-/// Every patch's parameters: our field manager.
-pub(crate) fn patch_params() -> PatchParams {
-    PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
-}
-
-/// A server-side apply's parameters: our field manager, taking over the
-/// fields it applies from any other manager (a controller's own fields, as
-/// the API conventions ask of controllers).
-pub(crate) fn apply_params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
-}
-
-/// Every create's parameters: our field manager.
-pub(crate) fn post_params() -> PostParams {
-    PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }
 }
 
 /// How the Deployment write went.
@@ -261,7 +266,7 @@ async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) ->
         Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated)),
         // Deleted meanwhile: the garbage collector takes it from here.
         Err(kube::Error::Api(s)) if s.is_not_found() => {}
-        Err(e) => return Err(target.api_error(ApiAction::PatchFooStatus)(e)),
+        Err(e) => return Err(target.api_error(ApiAction::ApplyFooStatus)(e)),
     }
     Ok(())
 }
@@ -283,7 +288,7 @@ fn summary(plan: &Plan) -> String {
     }
     parts.extend(plan.delete.iter().map(|s| format!("delete Deployment {}", s.name)));
     if plan.status.is_some() {
-        parts.push("update status".into());
+        parts.push("apply status".into());
     }
     parts.join(", ")
 }

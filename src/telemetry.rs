@@ -1,17 +1,23 @@
 //! Logging through tracing: `RUST_LOG` filters (default [`DEFAULT_FILTER`]), text for a
-//! terminal or JSON for log pipelines.
+//! terminal or JSON for log pipelines; klog's `-v=N` from upstream's command
+//! lines maps onto a filter ([`klog_filter`]).
 
 use std::io::IsTerminal;
 
 use tracing_subscriber::EnvFilter;
-
-use crate::cli::LogFormat;
 
 /// `info`, without kube-client's own report of each failed request and
 /// dropped connection: the controller reports the failures that matter
 /// (a sync's, with its Foo; a watch's, as it reconnects), so WARN and ERROR
 /// lines are the ones someone should look at.
 pub const DEFAULT_FILTER: &str = "info,kube_client::client=error,kube_client::client::builder=off";
+
+/// How log lines are written (`--log-format`).
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
 
 /// Start logging. `RUST_LOG` wins over `default_filter` (from klog's `-v`),
 /// which wins over [`DEFAULT_FILTER`].
@@ -26,4 +32,33 @@ pub fn init(format: LogFormat, default_filter: Option<&str>) {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
     };
+}
+
+/// The log filter for klog's verbosity: 0-3 is our default, 4 and 5 add our
+/// debug lines, 6 and up our trace lines and kube's debug lines. `None` for
+/// a level that is not a number.
+pub fn klog_filter(level: &str) -> Option<String> {
+    let level: u8 = level.parse().ok()?;
+    Some(match level {
+        0..=3 => DEFAULT_FILTER.to_owned(),
+        4..=5 => format!("{DEFAULT_FILTER},sample_controller=debug"),
+        _ => format!("{DEFAULT_FILTER},sample_controller=trace,kube=debug"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn klog_levels_map_onto_our_filter_and_add_detail_from_4_and_6() {
+        for level in ["0", "2", "3"] {
+            assert_eq!(klog_filter(level).as_deref(), Some(DEFAULT_FILTER), "{level}");
+        }
+        assert_eq!(klog_filter("4"), Some(format!("{DEFAULT_FILTER},sample_controller=debug")));
+        assert_eq!(klog_filter("5"), klog_filter("4"));
+        assert_eq!(klog_filter("6"), Some(format!("{DEFAULT_FILTER},sample_controller=trace,kube=debug")));
+        assert_eq!(klog_filter("loud"), None);
+        assert_eq!(klog_filter("-1"), None);
+    }
 }

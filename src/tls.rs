@@ -18,7 +18,33 @@ use tokio_rustls::rustls::sign::CertifiedKey;
 use tokio_rustls::rustls::{self, ServerConfig};
 use tracing::{info, warn};
 
-use crate::{Error, Result};
+/// Why the metrics listener has no certificate; every cause kept.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("cannot read {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file} in {}: {source}", dir.display())]
+    Pem {
+        file: &'static str,
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file} in {} holds no {what}", dir.display())]
+    Empty { file: &'static str, dir: PathBuf, what: &'static str },
+    #[error("cannot make a self-signed certificate: {0}")]
+    SelfSigned(#[from] rcgen::Error),
+    #[error("the self-signed key: {0}")]
+    SelfSignedKey(&'static str),
+    #[error(transparent)]
+    Rustls(#[from] rustls::Error),
+}
+
+type Result<T> = std::result::Result<T, TlsError>;
 
 /// The files of a `kubernetes.io/tls` Secret.
 pub const CERT_FILE: &str = "tls.crt";
@@ -32,8 +58,7 @@ pub fn server_config(cert_dir: Option<&Path>, http2: bool) -> Result<Arc<ServerC
         None => Certificates::self_signed()?,
     };
     let mut config = ServerConfig::builder_with_provider(Arc::new(default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(e.to_string()))?
+        .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_cert_resolver(Arc::new(certs));
     config.alpn_protocols = if http2 { vec![b"h2".to_vec(), b"http/1.1".to_vec()] } else { vec![b"http/1.1".to_vec()] };
@@ -64,8 +89,8 @@ impl Certificates {
     fn self_signed() -> Result<Self> {
         let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "localhost".into());
         let names = vec![host, "localhost".into()];
-        let made = rcgen::generate_simple_self_signed(names).map_err(|e| Error::Tls(e.to_string()))?;
-        let key = PrivateKeyDer::try_from(made.signing_key.serialize_der()).map_err(|e| Error::Tls(e.into()))?;
+        let made = rcgen::generate_simple_self_signed(names)?;
+        let key = PrivateKeyDer::try_from(made.signing_key.serialize_der()).map_err(TlsError::SelfSignedKey)?;
         let key = certified(vec![made.cert.der().clone()], &key)?;
         info!("serving metrics with a self-signed certificate made at start (--metrics-cert-dir gives one)");
         Ok(Certificates { dir: None, current: Mutex::new(Loaded { key, modified: None }) })
@@ -103,24 +128,24 @@ fn modified(dir: &Path) -> Option<SystemTime> {
 fn load(dir: &Path) -> Result<Loaded> {
     let read = |file: &str| {
         let path = dir.join(file);
-        std::fs::read(&path).map_err(|e| Error::Tls(format!("cannot read {}: {e}", path.display())))
+        std::fs::read(&path).map_err(|source| TlsError::Read { path, source })
     };
     let modified = modified(dir);
     let (cert_pem, key_pem) = (read(CERT_FILE)?, read(KEY_FILE)?);
     let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
         .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Tls(format!("{CERT_FILE}: {e}")))?;
+        .map_err(|source| TlsError::Pem { file: CERT_FILE, dir: dir.to_owned(), source })?;
     if certs.is_empty() {
-        return Err(Error::Tls(format!("{CERT_FILE} in {} holds no certificate", dir.display())));
+        return Err(TlsError::Empty { file: CERT_FILE, dir: dir.to_owned(), what: "certificate" });
     }
     let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
-        .map_err(|e| Error::Tls(format!("{KEY_FILE}: {e}")))?
-        .ok_or_else(|| Error::Tls(format!("{KEY_FILE} in {} holds no private key", dir.display())))?;
+        .map_err(|source| TlsError::Pem { file: KEY_FILE, dir: dir.to_owned(), source })?
+        .ok_or_else(|| TlsError::Empty { file: KEY_FILE, dir: dir.to_owned(), what: "private key" })?;
     Ok(Loaded { key: certified(certs, &key)?, modified })
 }
 
 fn certified(certs: Vec<CertificateDer<'static>>, key: &PrivateKeyDer<'_>) -> Result<Arc<CertifiedKey>> {
-    let signing = any_supported_type(key).map_err(|e: rustls::Error| Error::Tls(e.to_string()))?;
+    let signing = any_supported_type(key)?;
     Ok(Arc::new(CertifiedKey::new(certs, signing)))
 }
 
@@ -128,41 +153,37 @@ fn certified(certs: Vec<CertificateDer<'static>>, key: &PrivateKeyDer<'_>) -> Re
 mod tests {
     use super::*;
 
-    fn write_pair(dir: &Path, name: &str) {
+    /// Write a certificate for `name` into `dir`, its file stamped `modified`
+    /// (set, not waited for: file systems keep mtimes at coarse grains).
+    fn write_pair(dir: &Path, name: &str, modified: SystemTime) {
         let made = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
         std::fs::write(dir.join(CERT_FILE), made.cert.pem()).unwrap();
         std::fs::write(dir.join(KEY_FILE), made.signing_key.serialize_pem()).unwrap();
-    }
-
-    fn temp_dir(tag: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("sample-controller-tls-{tag}-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        std::fs::File::options().write(true).open(dir.join(CERT_FILE)).unwrap().set_modified(modified).unwrap();
     }
 
     #[test]
     fn a_renewed_certificate_is_served_without_a_restart() {
-        let dir = temp_dir("renew");
-        write_pair(&dir, "first.example");
-        let certs = Certificates::from_dir(&dir).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let start = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        write_pair(dir.path(), "first.example", start);
+        let certs = Certificates::from_dir(dir.path()).unwrap();
         let first = certs.current().cert[0].clone();
         assert_eq!(certs.current().cert[0], first, "unchanged file, same certificate");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-        write_pair(&dir, "second.example");
+        write_pair(dir.path(), "second.example", start + std::time::Duration::from_secs(60));
         assert_ne!(certs.current().cert[0], first, "the renewed one");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]
     fn a_directory_without_a_certificate_is_refused_at_start() {
-        let dir = temp_dir("empty");
-        let err = server_config(Some(&dir), false).unwrap_err().to_string();
-        assert!(err.contains("tls.crt"), "{err}");
-        std::fs::write(dir.join(CERT_FILE), "not a certificate").unwrap();
-        std::fs::write(dir.join(KEY_FILE), "").unwrap();
-        let err = server_config(Some(&dir), false).unwrap_err().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let err = server_config(Some(dir.path()), false).unwrap_err();
+        assert!(matches!(&err, TlsError::Read { path, .. } if path.ends_with(CERT_FILE)), "{err}");
+        assert!(std::error::Error::source(&err).is_some(), "the io error is kept");
+        std::fs::write(dir.path().join(CERT_FILE), "not a certificate").unwrap();
+        std::fs::write(dir.path().join(KEY_FILE), "").unwrap();
+        let err = server_config(Some(dir.path()), false).unwrap_err().to_string();
         assert!(err.contains("holds no certificate"), "{err}");
-        std::fs::remove_dir_all(dir).unwrap();
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! gone (410), wrapped so that
 //! - a failure is retried after a delay from [`Pacing`]: the server's
 //!   `Retry-After` when it sent one (see [`crate::client`], whose retries wait
-//!   it out first), else 1 s doubling to 2 s, jittered. Never sooner than a
+//!   it out first), else [`FIRST_RETRY`] (1 s) doubling to 2 s, jittered. Never sooner than a
 //!   second: a watch that keeps failing costs the server at most one request a
 //!   second, and an API server that recovers is watched again within 2.5 s;
 //! - a watch whose server refused the connection (the process is gone: a
@@ -26,10 +26,8 @@ use kube::Resource;
 use kube::runtime::watcher;
 use tokio::time::Instant;
 
-use crate::client::with_jitter;
+use crate::retry::{FIRST_RETRY, with_jitter};
 
-/// The first retry of a failing watch.
-pub const FIRST_RETRY: Duration = Duration::from_secs(1);
 /// The longest a failing watch waits between tries, before jitter: the
 /// longest the controller stays deaf after the server recovers.
 pub const MAX_RETRY: Duration = Duration::from_secs(2);

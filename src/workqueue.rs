@@ -18,6 +18,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use kube::Resource;
+use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -27,6 +29,12 @@ use prometheus_client::registry::Registry;
 
 /// A queued Foo: `namespace/name`.
 pub type Key = String;
+
+/// The key of `obj` in the queue: `namespace/name`, as client-go's
+/// `MetaNamespaceKeyFunc`.
+pub fn queue_key<K: Resource>(obj: &ObjectRef<K>) -> Key {
+    format!("{}/{}", obj.namespace.as_deref().unwrap_or_default(), obj.name)
+}
 
 /// client-go's buckets for queue and work durations: 10 ns .. 1000 s.
 fn duration_buckets() -> impl Iterator<Item = f64> {

@@ -14,7 +14,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
-use sample_controller::sync::Context;
 use sample_controller::testing::metric_value;
 use serde_json::json;
 
@@ -263,7 +262,7 @@ async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overw
         let (client, metrics) = (ns.client.clone(), metrics.clone());
         async move {
             let caches = caches_holding(std::slice::from_ref(&foo), &cached).await;
-            let ctx = std::sync::Arc::new(Context::new(client, caches, metrics, None, None));
+            let ctx = context(client, caches, metrics);
             sample_controller::sync::reconcile(std::sync::Arc::new(foo), ctx).await
         }
     };

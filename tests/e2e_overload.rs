@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use sample_controller::Foo;
 use sample_controller::constants::CONDITION_READY;
 use sample_controller::metrics::Metrics;
-use sample_controller::sync::{Context, reconcile};
+use sample_controller::sync::reconcile;
 use serde_json::json;
 
 /// How long each fault lasts here (the benchmark holds one for a minute).
@@ -270,7 +270,7 @@ async fn another_writers_condition_written_after_our_cache_saw_the_foo_survives_
     .expect("the other tool's status write");
 
     let caches = caches_holding(std::slice::from_ref(&cached), &[]).await;
-    let ctx = Arc::new(Context::new(ns.client.clone(), caches, Arc::new(Metrics::new()), None, None));
+    let ctx = context(ns.client.clone(), caches, Arc::new(Metrics::new()));
     reconcile(Arc::new(cached), ctx).await.expect("the sync creates the Deployment and writes status");
 
     let foo = foos.get("example-foo").await.unwrap();

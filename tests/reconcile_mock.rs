@@ -15,15 +15,16 @@ use kube::client::Body;
 use kube::core::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
 use kube::{Api, Client};
+use sample_controller::Foo;
 use sample_controller::adoption::Adoption;
+use sample_controller::app::start_adoption;
 use sample_controller::decision::decide;
 use sample_controller::deployment::{DeploymentView, desired_deployment};
+use sample_controller::error::{ApiAction, SyncError as Error};
 use sample_controller::leader::Fence;
 use sample_controller::metrics::Metrics;
-use sample_controller::retry::error_policy;
-use sample_controller::sync::{Context, reconcile};
+use sample_controller::sync::{Context, error_policy, reconcile};
 use sample_controller::testing::{DeploymentFixture, FooFixture, metric_value};
-use sample_controller::{ApiAction, Error, Foo};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
 
@@ -117,25 +118,30 @@ impl Mock {
         Self::adopting(foos, deployments, false).await
     }
 
-    /// With `adopt`, the first sync runs the adoption pass over the
-    /// `default` namespace, as a started controller's does.
+    /// With `adopt`, the adoption pass runs over the `default` namespace
+    /// (as the operator starts it), and the syncs wait for it.
     async fn adopting(foos: &[Foo], deployments: &[Deployment], adopt: bool) -> Self {
         Self::with(foos, deployments, adopt, None).await
     }
 
-    /// Under leader election, with `fence`.
+    /// Under leader election, with `fence`: adopting once it leads, as the
+    /// operator starts the pass when it takes the Lease.
     async fn fenced(foos: &[Foo], fence: Arc<Fence>) -> Self {
-        Self::with(foos, &[], true, Some(fence)).await
+        Self::with(foos, &[], fence.holds(), Some(fence)).await
     }
 
     async fn with(foos: &[Foo], deployments: &[Deployment], adopt: bool, fence: Option<Arc<Fence>>) -> Self {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let mut caches = caches_holding(foos, deployments).await;
-        if adopt {
-            caches.adoption = Arc::new(Adoption::new(Api::namespaced(client.clone(), "default"), 1));
-        }
-        Mock { ctx: Arc::new(Context::new(client, caches, Arc::new(Metrics::new()), None, fence)), handle }
+        let caches = caches_holding(foos, deployments).await;
+        let adoption = if adopt {
+            let adoption = Arc::new(Adoption::new(Api::namespaced(client.clone(), "default"), 1));
+            start_adoption(&caches, &adoption, fence.clone());
+            adoption
+        } else {
+            Arc::new(Adoption::none())
+        };
+        Mock { ctx: Arc::new(Context::new(client, caches, adoption, Arc::new(Metrics::new()), None, fence)), handle }
     }
 
     /// Run one sync of `foo` against `scenario`; return its result once

@@ -20,9 +20,10 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config, ResourceExt};
 use sample_controller::adoption::Adoption;
-use sample_controller::cache::{Cache, trim_deployment, trim_foo};
+use sample_controller::app::start_adoption;
+use sample_controller::cache::{Cache, Caches, trim_deployment, trim_foo};
 use sample_controller::constants::{CONTROLLER_NAME, USER_AGENT};
-use sample_controller::controller::{self, Caches, Settings};
+use sample_controller::controller::{self, Settings};
 use sample_controller::deployment::DeploymentView;
 use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
 use sample_controller::metrics::Metrics;
@@ -196,13 +197,13 @@ pub fn kubectl_ok(args: &[&str]) -> String {
 
 /// A controller running in this test process, stopped when dropped.
 pub struct RunningController {
-    task: tokio::task::JoinHandle<()>,
+    tasks: [tokio::task::JoinHandle<()>; 2],
     pub metrics: Arc<Metrics>,
 }
 
 impl Drop for RunningController {
     fn drop(&mut self) {
-        self.task.abort();
+        self.tasks.iter().for_each(|t| t.abort());
     }
 }
 
@@ -219,9 +220,17 @@ pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u
     let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
     let settings = Settings { namespace: namespace.map(str::to_owned), workers };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
-    let ctx = Arc::new(Context::new(client.clone(), caches, metrics.clone(), Some("integration-test".into()), None));
-    let task = tokio::spawn(controller::run(controller, ctx, futures::future::pending()));
-    RunningController { task, metrics }
+    let adoption = Arc::new(Adoption::new(sample_controller::client::api(&client, namespace), workers.into()));
+    let adopting = start_adoption(&caches, &adoption, None);
+    let ctx = Context::new(client.clone(), caches, adoption, metrics.clone(), Some("integration-test".into()), None);
+    let task = tokio::spawn(controller::run(controller, Arc::new(ctx)));
+    RunningController { tasks: [task, adopting], metrics }
+}
+
+/// What a single sync (with no controller around it) runs with: `caches`,
+/// no adoption pass, no leader election.
+pub fn context(client: Client, caches: Caches, metrics: Arc<Metrics>) -> Arc<Context> {
+    Arc::new(Context::new(client, caches, Arc::new(Adoption::none()), metrics, None, None))
 }
 
 /// Controller caches holding `foos` and `deployments`, as a watch's first
@@ -229,11 +238,7 @@ pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u
 /// can make them lag behind the API server.
 pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches {
     let views: Vec<DeploymentView> = deployments.iter().cloned().map(DeploymentView::from).collect();
-    Caches {
-        foos: filled(foos, trim_foo).await,
-        deployments: filled(&views, trim_deployment).await,
-        adoption: Arc::new(Adoption::none()),
-    }
+    Caches { foos: filled(foos, trim_foo).await, deployments: filled(&views, trim_deployment).await }
 }
 
 async fn filled<K>(objects: &[K], trim: fn(&mut K)) -> Arc<Cache<K>>
