@@ -19,6 +19,10 @@ namespace); every request counts once (by auditID), whatever its verb.
                                                one line per verb and resource
   audit.py curve LOG UA NS                     seconds from UA's first request in NS
                                                to each Foo's first status write, sorted
+  audit.py records LOG UA NS USER              every request so far, one JSON line each
+                                               (user, at, verb, resource, subresource,
+                                               name, code); by User-Agent start, namespace
+                                               and user (or impersonated user), "-" for any
   audit.py svg OUT TITLE LABEL=FILE[,FILE]...  draw curves (files of `curve`) as Foos
                                                converged over time; of several files
                                                for one label, the run that ended first
@@ -44,7 +48,8 @@ class Log:
         self.partial = ""
         self.seen = set()
 
-    def new_requests(self):
+    def new_requests(self, containing=None):
+        """`containing`: skip lines without this text unparsed (fast)."""
         while True:
             chunk = self.file.readline()
             if not chunk:
@@ -53,6 +58,8 @@ class Log:
                 self.partial += chunk
                 continue
             line, self.partial = self.partial + chunk, ""
+            if containing and containing not in line:
+                continue
             try:
                 event = json.loads(line)
             except ValueError:
@@ -221,6 +228,26 @@ def svg(out, title, series):
     return 0
 
 
+def records(path, ua, ns, user):
+    any_ = lambda v: v in ("-", "")
+    hint = user if not any_(user) else ua if not any_(ua) else None
+    for e in Log(path).new_requests(containing=hint):
+        if not any_(ua) and not matches(e, ua):
+            continue
+        ref = e.get("objectRef") or {}
+        if not any_(ns) and ref.get("namespace") != ns:
+            continue
+        who = (e.get("impersonatedUser") or {}).get("username") or (e.get("user") or {}).get("username", "")
+        if not any_(user) and user not in (who, (e.get("user") or {}).get("username")):
+            continue
+        print(json.dumps({
+            "user": who, "at": e["requestReceivedTimestamp"], "verb": e["verb"],
+            "resource": ref.get("resource", ""), "subresource": ref.get("subresource"),
+            "name": ref.get("name"), "code": (e.get("responseStatus") or {}).get("code"),
+        }))
+    return 0
+
+
 def main(argv):
     cmd, args = argv[1], argv[2:]
     if cmd == "wait-converged":
@@ -233,6 +260,8 @@ def main(argv):
         return count(args[0], args[1], args[2], float(args[3]), float(args[4]))
     if cmd == "curve":
         return curve(args[0], args[1], args[2])
+    if cmd == "records":
+        return records(*argv[2:6])
     if cmd == "svg":
         series = [(spec.split("=", 1)[0], spec.split("=", 1)[1].split(",")) for spec in args[2:]]
         return svg(args[0], args[1], series)

@@ -73,6 +73,7 @@ async fn new_foos_cost_the_stated_budget_and_an_idle_operator_makes_no_request()
 
     // Idle: nothing at all, not even a read. (A watch the API server closes
     // after its timeout, minutes from now, would be re-opened: not in this window.)
+    // Time itself is under test: ten seconds of silence.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let idle = by_kind(audited(&ns.name, USER_AGENT));
     assert_eq!(idle, converged, "requests while idle");

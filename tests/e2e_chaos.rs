@@ -64,6 +64,7 @@ fn chaos(action: &str, component: &str) {
 /// when it serves.
 async fn outage(component: &str, outage: Duration) {
     chaos("kill", component);
+    // Time under test: how long the component stays down.
     tokio::time::sleep(outage).await;
     chaos("start", component);
 }
@@ -177,6 +178,8 @@ async fn converged(ns: &TestNamespace, what: &str) -> Duration {
             Ok(()) => return start.elapsed(),
             Err(e) => last = e,
         }
+        // The end state spans many objects and no watch shows it at once:
+        // polled, and the time to reach it measured at this resolution.
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     panic!("{what}: not converged after {CONVERGE_TIMEOUT:?}: {last}");
@@ -206,6 +209,8 @@ async fn edit_to_deployment(ns: &TestNamespace, foo: &str, replicas: i32) -> Dur
             return start.elapsed();
         }
         assert!(start.elapsed() < CONVERGE_TIMEOUT, "the edit of {foo} never reached its Deployment");
+        // Polled at 20 ms: the time the edit takes is measured, and a watch
+        // of its own would compete with the plane just restarted.
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -221,6 +226,7 @@ async fn steady_state_outage(component: &str, prefix: &str) {
     // Readiness does not follow the API server (docs/operations.md, Failure behaviour):
     // restarting the operator would not bring it back.
     for _ in 0..3 {
+        // Time under test: readiness holds through the outage, second by second.
         tokio::time::sleep(Duration::from_secs(1)).await;
         let readyz = http_get(op.probes, "/readyz").await.map(|(code, _)| code);
         assert_eq!(readyz, Some(200), "/readyz while {component} is down");
@@ -353,6 +359,7 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_stops_writing_when_it_r
             break status;
         }
         assert!(started.elapsed() < TIMEOUT, "the resumed old leader never exited");
+        // A child process's exit has no watch: polled.
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(!exited.success(), "it exits non-zero, having lost the lease: {exited:?}");

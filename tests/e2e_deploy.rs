@@ -160,6 +160,7 @@ async fn replicas_spread_over_nodes_and_a_drain_waits_for_the_replacement_to_be_
     let third = names.iter().find(|n| !nodes.contains(*n)).expect("a third node").clone();
     kubectl_ok(&["cordon", &third]);
     kubectl_ok(&["cordon", &first_node]);
+    // The scheduler's cache has no signal for "saw the cordon": give it time.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let (drained, out) = finished(drain(&first_node));
     assert!(drained, "one replica may go while the other is Ready: {out}");
@@ -183,6 +184,7 @@ async fn replicas_spread_over_nodes_and_a_drain_waits_for_the_replacement_to_be_
     // Draining the second replica's node is held: evicting it would leave
     // none Ready.
     let second_drain = drain(&second_node);
+    // Time under test: the drain is still held after eight seconds.
     tokio::time::sleep(Duration::from_secs(8)).await;
     let survivor = pods.get_opt(&second.name_any()).await.unwrap();
     assert!(survivor.as_ref().is_some_and(is_ready), "the last Ready replica was evicted");

@@ -5,7 +5,7 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
 use common::*;
@@ -15,15 +15,8 @@ use serde_json::{Value, json};
 
 /// A running example, its stdout and stderr collected line by line.
 struct Example {
-    child: Child,
+    _child: Process,
     lines: Arc<Mutex<Vec<String>>>,
-}
-
-impl Drop for Example {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// The example binaries sit next to the test binaries' directory
@@ -36,13 +29,9 @@ fn example_path(name: &str) -> PathBuf {
 }
 
 fn run_example(name: &str, args: &[&str]) -> Example {
-    let mut child = Command::new(example_path(name))
-        .args(args)
-        .env("KUBECONFIG", kubeconfig_path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the example");
+    let mut cmd = Command::new(example_path(name));
+    cmd.args(args).env("KUBECONFIG", kubeconfig_path()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = Process::start(&mut cmd, name);
     let lines = Arc::new(Mutex::new(Vec::new()));
     for stream in [
         Box::new(child.stdout.take().unwrap()) as Box<dyn std::io::Read + Send>,
@@ -55,7 +44,7 @@ fn run_example(name: &str, args: &[&str]) -> Example {
             }
         });
     }
-    Example { child, lines }
+    Example { _child: child, lines }
 }
 
 impl Example {

@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
@@ -90,15 +90,8 @@ async fn http2_is_served_when_enabled() {
 /// Prometheus, scraping `target` every second over HTTPS with `token_file`;
 /// stopped when dropped.
 struct Prometheus {
-    child: Child,
+    _child: Process,
     port: u16,
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 fn start_prometheus(name: &str, target: u16, token_file: &str) -> Prometheus {
@@ -117,20 +110,14 @@ fn start_prometheus(name: &str, target: u16, token_file: &str) -> Prometheus {
     let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let binary = std::env::var("PROMETHEUS").unwrap_or_else(|_| "prometheus".into());
     let log = std::fs::File::create(format!("{dir}/prometheus.log")).unwrap();
-    let child = Command::new(&binary)
-        .arg(format!("--config.file={dir}/prometheus.yml"))
+    let mut cmd = Command::new(&binary);
+    cmd.arg(format!("--config.file={dir}/prometheus.yml"))
         .arg(format!("--storage.tsdb.path={dir}/data"))
         .arg(format!("--web.listen-address=127.0.0.1:{port}"))
         .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .unwrap_or_else(|e| {
-            panic!(
-                "cannot start {binary} ({e}): hack/test.sh installs it (Debian's prometheus package); \
-                 or set PROMETHEUS to its path"
-            )
-        });
-    Prometheus { child, port }
+        .stderr(log);
+    let what = format!("{binary} (hack/test.sh installs Debian's prometheus package; or set PROMETHEUS to its path)");
+    Prometheus { _child: Process::start(&mut cmd, &what), port }
 }
 
 /// The samples of an instant query, as (labels, value).

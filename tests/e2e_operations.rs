@@ -24,8 +24,10 @@ async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
 
     create_foo(&ns.api(), "first", "first", Some(1)).await;
     wait_until("the leader to create the Deployment", TIMEOUT, || async { deployment(&ns, "first").await }).await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    assert!(metric(leading, SUCCESS_SERIES).await.unwrap() >= 1.0);
+    wait_until("the leader to count its sync", TIMEOUT, || async {
+        metric(leading, SUCCESS_SERIES).await.filter(|n| *n >= 1.0)
+    })
+    .await;
     assert_eq!(metric(standby, SUCCESS_SERIES).await, Some(0.0), "the standby reconciled");
     assert_eq!(metric(standby, FAILED_RECONCILES_SERIES).await, Some(0.0), "the standby reconciled");
     // Every event about the Foo came from the Lease holder.
@@ -56,6 +58,7 @@ async fn an_idle_pair_costs_one_lease_write_per_renewal_and_nothing_else() {
     .await;
     let from = k8s_openapi::jiff::Timestamp::now();
     let window = Duration::from_secs(8);
+    // Time under test: a window in which only the leader may write.
     tokio::time::sleep(window).await;
     let until = k8s_openapi::jiff::Timestamp::now();
 
@@ -287,6 +290,7 @@ async fn readyz_is_unavailable_until_caches_sync() {
         (http_get(op.probes, "/healthz").await?.0 == 200).then_some(())
     })
     .await;
+    // Time under test: two seconds up and still not ready.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(http_get(op.probes, "/readyz").await.map(|r| r.0), Some(503), "ready before its cache synced");
 

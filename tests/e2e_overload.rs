@@ -60,6 +60,7 @@ async fn through(fault: Fault) -> Outcome {
     proxy.cut_watches();
     let scale = json!({ "spec": { "replicas": 2 } });
     foos.patch("foo-0", &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    // Time under test: the fault lasts this long.
     tokio::time::sleep(FAULT).await;
     let ended = Instant::now();
     proxy.set(Fault::None);
@@ -149,6 +150,7 @@ async fn the_api_servers_own_priority_and_fairness_refusals_are_waited_out() {
 
     let started = k8s_openapi::jiff::Timestamp::now();
     let _operator = start_controller(identity, Some(&ns.name));
+    // Time under test: the fault lasts this long.
     tokio::time::sleep(FAULT).await;
     let user = format!("system:serviceaccount:{}:{sa}", ns.name);
     let until = started + k8s_openapi::jiff::SignedDuration::try_from(FAULT).unwrap();
@@ -226,13 +228,8 @@ impl Apf {
         kubectl_ok(&["apply", "-f", &path]);
         // The API server's APF controller takes the new objects up shortly
         // after they are stored; its status condition says when.
-        let dangling =
-            ["get", "flowschema", name, "-o", "jsonpath={.status.conditions[?(@.type==\"Dangling\")].status}"];
-        let start = Instant::now();
-        while kubectl_ok(&dangling).trim() != "False" {
-            assert!(start.elapsed() < TIMEOUT, "the FlowSchema {name} was never taken up");
-            std::thread::sleep(Duration::from_millis(200));
-        }
+        let flowschema = format!("flowschema/{name}");
+        kubectl_ok(&["wait", "--for=condition=Dangling=False", &flowschema, "--timeout=60s"]);
         Apf { name: name.to_owned() }
     }
 }

@@ -230,6 +230,8 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
         tokio::time::timeout(TIMEOUT, standby.acquire()).await.expect("the standby takes over");
         standby.release().await;
     });
+    // The standby must be waiting before the release, so that the release
+    // and not the Lease's expiry hands over; it has no signal for that.
     tokio::time::sleep(Duration::from_secs(1)).await;
     leader.release().await;
     waiting.await.unwrap();

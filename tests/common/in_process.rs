@@ -1,0 +1,75 @@
+//! The controller run inside the test process: whole, watching a
+//! namespace, or as single syncs over caches a test fills.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::watcher::Event as WatchEvent;
+use kube::{Client, Config};
+use sample_controller::Foo;
+use sample_controller::adoption::Adoption;
+use sample_controller::app::start_adoption;
+use sample_controller::cache::{Cache, Caches, trim_deployment, trim_foo};
+use sample_controller::controller::{self, Settings};
+use sample_controller::deployment::DeploymentView;
+use sample_controller::metrics::Metrics;
+use sample_controller::sync::Context;
+
+/// A controller running in this test process, stopped when dropped.
+pub struct RunningController {
+    tasks: [tokio::task::JoinHandle<()>; 2],
+    pub metrics: Arc<Metrics>,
+}
+
+impl Drop for RunningController {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+/// Start the controller with a client for `config` built as the operator
+/// builds it (its User-Agent, its request counting), watching `namespace`
+/// (all when None).
+pub fn start_controller(config: Config, namespace: Option<&str>) -> RunningController {
+    start_controller_with(config, namespace, 2)
+}
+
+/// [`start_controller`] with `workers` concurrent syncs.
+pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u16) -> RunningController {
+    let metrics = Arc::new(Metrics::new());
+    let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
+    let settings = Settings { namespace: namespace.map(str::to_owned), workers };
+    let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
+    let adoption = Arc::new(Adoption::new(sample_controller::client::api(&client, namespace), workers.into()));
+    let adopting = start_adoption(&caches, &adoption, None);
+    let ctx = Context::new(client.clone(), caches, adoption, metrics.clone(), Some("integration-test".into()), None);
+    let task = tokio::spawn(controller::run(controller, Arc::new(ctx)));
+    RunningController { tasks: [task, adopting], metrics }
+}
+
+/// What a single sync (with no controller around it) runs with: `caches`,
+/// no adoption pass, no leader election.
+pub fn context(client: Client, caches: Caches, metrics: Arc<Metrics>) -> Arc<Context> {
+    Arc::new(Context::new(client, caches, Arc::new(Adoption::none()), metrics, None, None))
+}
+
+/// Controller caches holding `foos` and `deployments`, as a watch's first
+/// list would fill them; they change only when the test says so, so a test
+/// can make them lag behind the API server.
+pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches {
+    let views: Vec<DeploymentView> = deployments.iter().cloned().map(DeploymentView::from).collect();
+    Caches { foos: filled(foos, trim_foo).await, deployments: filled(&views, trim_deployment).await }
+}
+
+async fn filled<K>(objects: &[K], trim: fn(&mut K)) -> Arc<Cache<K>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (cache, writer) = Cache::new(trim);
+    let mut events = vec![Ok(WatchEvent::Init)];
+    events.extend(objects.iter().cloned().map(|o| Ok(WatchEvent::InitApply(o))));
+    events.push(Ok(WatchEvent::InitDone));
+    cache.reflect(writer, futures::stream::iter(events)).for_each(|_| async {}).await;
+    cache
+}

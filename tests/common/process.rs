@@ -1,0 +1,146 @@
+//! Programs the tests start — the operator binary, its image under runc,
+//! the client-go examples, Prometheus — each a [`Process`] killed when
+//! dropped, so a failing test leaves nothing running.
+
+use std::ops::{Deref, DerefMut};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use sample_controller::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
+
+use k8s_openapi::api::coordination::v1::Lease;
+
+use super::{TIMEOUT, TestNamespace, kubeconfig_path, metric, wait_until};
+
+/// A started program; killed and reaped when dropped.
+pub struct Process(Child);
+
+impl Process {
+    /// Start `cmd`; `what` names it in the panic if it cannot start.
+    pub fn start(cmd: &mut Command, what: &str) -> Self {
+        Process(cmd.spawn().unwrap_or_else(|e| panic!("cannot start {what}: {e}")))
+    }
+}
+
+impl Deref for Process {
+    type Target = Child;
+
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl DerefMut for Process {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A `sample-controller` process and the ports it serves on.
+pub struct Operator {
+    pub child: Process,
+    pub metrics: u16,
+    pub probes: u16,
+}
+
+/// Send `signal` (`-TERM`, `-STOP`, `-CONT`) to the operator process.
+pub fn signal(op: &Operator, signal: &str) {
+    let pid = op.child.id().to_string();
+    assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success(), "kill {signal} {pid}");
+}
+
+/// Lease timings short enough for tests: 5 s lease, 3 s renew deadline,
+/// 1 s retry.
+pub const LEASE: Duration = Duration::from_secs(5);
+
+pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_sample-controller"));
+    // Port 0: the operator binds free ports itself and logs which.
+    cmd.args(["--kubeconfig", kubeconfig, "--namespace", ns])
+        .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
+        .args(extra)
+        .env("RUST_LOG", "info,sample_controller=debug")
+        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
+    start_logged(cmd, log_name).await
+}
+
+/// Start an operator (the binary, or the image under runc) with its log in
+/// a file under the test's target directory, and wait until it has logged
+/// the ports it bound.
+pub async fn start_logged(mut cmd: Command, log_name: &str) -> Operator {
+    let log_path = format!("{}/{log_name}.log", env!("CARGO_TARGET_TMPDIR"));
+    let log = std::fs::File::create(&log_path).unwrap();
+    let child = Process::start(cmd.stdout(Stdio::null()).stderr(log), "the operator");
+    let (metrics, probes) = wait_until("the operator to report its ports", TIMEOUT, || async {
+        let log = std::fs::read_to_string(&log_path).ok()?;
+        Some((bound_port(&log, METRICS_ENDPOINTS)?, bound_port(&log, PROBE_ENDPOINTS)?))
+    })
+    .await;
+    Operator { child, metrics, probes }
+}
+
+/// The port of the listener serving `endpoints`, from its start-up log line,
+/// as text (`serving HTTP addr=127.0.0.1:PORT endpoints=...`) or JSON
+/// (`{"message":"serving HTTP","addr":"...","endpoints":"..."}`).
+fn bound_port(log: &str, endpoints: &str) -> Option<u16> {
+    let addr = log.lines().find_map(|line| match serde_json::from_str::<serde_json::Value>(line) {
+        Ok(json) => (json["message"] == "serving HTTP" && json["endpoints"] == endpoints)
+            .then(|| json["addr"].as_str().map(str::to_owned))?,
+        Err(_) => (line.contains("serving HTTP") && line.ends_with(&format!("endpoints={endpoints}")))
+            .then(|| line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).map(str::to_owned))?,
+    })?;
+    addr.rsplit(':').next()?.parse().ok()
+}
+
+/// Leader-election flags for a candidate in `ns`: the renew deadline is 3/5
+/// of the lease, the retry period 1 s.
+pub fn election_args(ns: &str, lease_duration: Duration) -> Vec<String> {
+    let secs = lease_duration.as_secs();
+    vec![
+        "--leader-elect".into(),
+        "--leader-election-id=sample-controller-test".into(),
+        format!("--leader-election-namespace={ns}"),
+        format!("--leader-elect-lease-duration={secs}s"),
+        format!("--leader-elect-renew-deadline={}s", (secs * 3 / 5).max(1)),
+        "--leader-elect-retry-period=1s".into(),
+    ]
+}
+
+pub async fn spawn_candidate(ns: &str, lease_duration: Duration, name: &str) -> Operator {
+    let args = election_args(ns, lease_duration);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    spawn_operator(ns, &kubeconfig_path(), &args, &format!("{ns}-{name}")).await
+}
+
+pub const SUCCESS_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"success\"}";
+pub const RECONCILE_ERRORS_SERIES: &str = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
+pub const LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller-test\"}";
+
+/// The identity holding the test Lease, if any.
+pub async fn holder(ns: &TestNamespace) -> Option<String> {
+    let lease = ns.api::<Lease>().get_opt("sample-controller-test").await.ok()??;
+    lease.spec?.holder_identity.filter(|h| !h.is_empty())
+}
+
+/// Wait until exactly one of `ops` reports itself leader; return its index.
+pub async fn one_leader(ops: &[&Operator]) -> usize {
+    wait_until("exactly one leader", TIMEOUT, || async {
+        let mut leaders = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
+            match metric(op, LEADER_SERIES).await {
+                Some(1.0) => leaders.push(i),
+                Some(_) => {}
+                None => return None, // not up yet
+            }
+        }
+        (leaders.len() == 1).then(|| leaders[0])
+    })
+    .await
+}
