@@ -27,22 +27,21 @@ declare -A pids probes
 trap 'kill "${pids[@]}" 2>/dev/null || true; hack/local-down.sh' EXIT
 bench_plane 1
 
+port_logged() { [[ -n "$(bound_port "$1" /healthz,/readyz)" ]]; } # log
+
 start_replica() { # name: as deploy/ runs it, identity prefixed with its name
-  probes[$1]=$(free_port)
+  local log=".local/bench-ha-$1.log"
   HOSTNAME="replica-$1" "$BIN" --namespace "$NS" --leader-elect --leader-election-namespace "$NS" \
-    --metrics-bind-address "127.0.0.1:$(free_port)" --health-probe-bind-address "127.0.0.1:${probes[$1]}" \
-    > ".local/bench-ha-$1.log" 2>&1 &
+    --metrics-bind-address 127.0.0.1:0 --health-probe-bind-address 127.0.0.1:0 > "$log" 2>&1 &
   pids[$1]=$!
+  wait_for "replica $1's probe port" 60 port_logged "$log" || die "replica $1 did not start"
+  probes[$1]=$(bound_port "$log" /healthz,/readyz)
 }
 lease() { kubectl get lease "$LEASE" -n "$NS" -o "jsonpath={.spec.$1}"; }
 leader() { local h; h=$(lease holderIdentity); h=${h#replica-}; echo "${h%%_*}"; }
 other() { [[ $1 == a ]] && echo b || echo a; }
 now() { date +%s.%N; }
-wait_for() { # what command...: until the command succeeds, for up to 5 minutes
-  local what=$1 i; shift
-  for i in $(seq 1 1500); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
-  die "timed out waiting for $what"
-}
+await() { wait_for "$1" 300 "${@:2}" || die "timed out waiting for $1"; } # what command...
 ready() { curl -fsS "http://127.0.0.1:${probes[$1]}/readyz"; }
 new_holder() { [[ -n "$(lease holderIdentity)" && "$(lease holderIdentity)" != "$1" ]]; }
 edit() { # replicas names...: one request for all of them
@@ -61,7 +60,7 @@ settle
 start_replica a
 start_replica b
 read -r start converged < <(audit wait-converged "$UA" "$NS" "$N" 1800)
-wait_for "both replicas ready" both_ready
+await "both replicas ready" both_ready
 audit quiet "$UA" 10 1800 >/dev/null
 
 log "idle: ${IDLE}s"
@@ -78,13 +77,13 @@ old=$(lease holderIdentity)
 kill -KILL "${pids[$first]}"
 killed=$(now)
 edit 2 foo-{0..9}
-wait_for "the standby to take the Lease" new_holder "$old"
-took=$(python3 -c "import datetime, sys; print(datetime.datetime.fromisoformat(sys.argv[1].replace('Z', '+00:00')).timestamp())" "$(lease acquireTime)")
+await "the standby to take the Lease" new_holder "$old"
+took=$(date -d "$(lease acquireTime)" +%s.%N)
 last=$(edited_deployments "$killed" foo-{0..9})
 
 log "replica $first back as a standby; SIGTERM of the leader ($second), 10 edits"
 start_replica "$first"
-wait_for "replica $first ready" ready "$first"
+await "replica $first ready" ready "$first"
 rss_new_standby=$(rss "${pids[$first]}")
 kill -TERM "${pids[$second]}"
 termed=$(now)
@@ -92,7 +91,7 @@ edit 3 foo-{10..19}
 last_term=$(edited_deployments "$termed" foo-{10..19})
 wait "${pids[$second]}" 2>/dev/null || true
 
-per_minute() { python3 -c "import sys; print(f'{int(sys.argv[1]) * 60 / float(sys.argv[2]):.1f}')" "$@"; }
+per_minute() { calc %.1f "$1 * 60 / $2"; }
 echo
 echo "sample-controller benchmark, HA mode: N=$N Foos, two replicas with --leader-elect (default timing)"
 echo

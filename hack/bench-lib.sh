@@ -44,13 +44,12 @@ settle() { # until the controller-manager has stopped writing
   audit quiet "$KCM_UA" 5 1800 >/dev/null
 }
 
-# Fractional seconds go through python3 (bash has integers only): a few
-# dozen starts per benchmark run, well under a second in all.
-elapsed() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.2f}')" "$@"; }
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# Arithmetic on fractional numbers (bash has integers only), by awk:
+# calc FORMAT EXPRESSION, e.g. calc %.2f "3 / 2".
+calc() { awk "BEGIN { printf \"$1\n\", $2 }"; }
+elapsed() { calc %.2f "$2 - $1"; } # from to: seconds between, to 10 ms
+least() { printf '%s\n' "$@" | sort -g | head -n 1; }   # numbers...
+greatest() { printf '%s\n' "$@" | sort -g | tail -n 1; } # numbers...
 
 rss() { # pid: resident memory in MiB
   awk '$1 == "VmRSS:" {printf "%.1f", $2 / 1024}' "/proc/$1/status"

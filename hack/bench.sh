@@ -57,7 +57,7 @@ clear_run() { # namespace
 declare -A best runs
 record() { # what seconds
   runs[$1]+="${runs[$1]:+, }${2}s"
-  best[$1]=$(python3 -c "import sys; print(min(float(a) for a in sys.argv[1:] if a))" "$2" "${best[$1]:-}")
+  best[$1]=$(least "$2" ${best[$1]:+"${best[$1]}"})
 }
 floor_run() { # concurrency run
   local ns="floor-$1-$2" t0 t1
@@ -75,7 +75,7 @@ controller_run() { # run; leaves the controller running in namespace $ns
   log "controller: $N Foos (run $1 of $RUNS)"
   create_foos "$ns" "$N"
   settle
-  "$BIN" --namespace "$ns" "${workers_flag[@]}" --metrics-bind-address "127.0.0.1:$(free_port)" --health-probe-bind-address 0 \
+  "$BIN" --namespace "$ns" "${workers_flag[@]}" --metrics-bind-address 127.0.0.1:0 --health-probe-bind-address 0 \
     > ".local/bench-controller-$1.log" 2>&1 &
   pid=$!
   read -r start converged < <(audit wait-converged "$UA" "$ns" "$N" 1800)
@@ -111,11 +111,11 @@ log "waiting for the controller-manager and the controller to settle"
 # they are still going out after convergence.
 kcm_quiet=$(audit quiet "$KCM_UA" 10 1800)
 ours_quiet=$(audit quiet "$UA" 10 1800)
-steady_from=$(python3 -c "import time; print(max(time.time(), $kcm_quiet, $ours_quiet))")
+steady_from=$(greatest "$(date +%s.%N)" "$kcm_quiet" "$ours_quiet")
 mapfile -t converging < <(audit count "$UA" "$ns" "$start" "$steady_from")
 log "steady window: ${WINDOW}s"
 sleep "$WINDOW"
-steady_to=$(python3 -c "print($steady_from + $WINDOW)")
+steady_to=$(calc %.3f "$steady_from + $WINDOW")
 mapfile -t steady < <(audit count "$UA" "" "$steady_from" "$steady_to")
 
 log "$EDITS edits"
@@ -155,8 +155,8 @@ curves() { local prefix=$1 run files=(); for run in $(seq 1 "$RUNS"); do files+=
 python3 hack/audit.py svg "$SVG" "$N Foos converging, --workers $WORKERS_USED (best of $RUNS runs each)" \
   "sample-controller=$(curves bench)" "floor at concurrency $WORKERS_USED=$(curves "floor-$WORKERS_USED")"
 
-per_foo() { python3 -c "import sys; print(f'{int(sys.argv[1]) / int(sys.argv[2]):.2f}')" "$@"; }
-ratio() { python3 -c "import sys; print(f'{float(sys.argv[1]) / float(sys.argv[2]):.2f}')" "$@"; }
+per_foo() { calc %.2f "$1 / $2"; }
+ratio() { calc %.2f "$1 / $2"; }
 echo
 echo "sample-controller benchmark: N=$N Foos, --workers $WORKERS_USED$( ((SCALE)) && echo ', scale mode (no Deployment/ReplicaSet controllers)')"
 echo
@@ -170,7 +170,7 @@ done
 budget=$( ((SCALE)) && echo "3: create, status, event" || echo "3 for the new Foo + 2 when its pod becomes available")
 printf '%-58s %s\n' "requests while converging" "${converging[0]}  ($(per_foo "${converging[0]}" "$N") per Foo; budget $budget)"
 printf '    %s\n' "${converging[@]:1}"
-printf '%-58s %s\n' "requests in the steady window (${WINDOW}s)" "${steady[0]}  ($(python3 -c "print(f'{${steady[0]} * 60 / $WINDOW:.1f}')") per minute)"
+printf '%-58s %s\n' "requests in the steady window (${WINDOW}s)" "${steady[0]}  ($(calc %.1f "${steady[0]} * 60 / $WINDOW") per minute)"
 (( ${#steady[@]} > 1 )) && printf '    %s\n' "${steady[@]:1}"
 printf '%-58s %s\n' "Foo spec.replicas edit -> Deployment updated" "${latency#*: }"
 printf '%-58s %s\n' "requests for $EDITS edits" "${edit_requests[0]}  ($(per_foo "${edit_requests[0]}" "$EDITS") per edit)"

@@ -10,7 +10,9 @@
 # with. The newest is the default; the test command also runs on the oldest.
 KUBE_MINOR="${KUBE_MINOR:-1.37}"
 TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tools/v$KUBE_MINOR"
-[[ -f "$TOOLS_DIR/go.mod" ]] || { echo "KUBE_MINOR=$KUBE_MINOR: no hack/tools/v$KUBE_MINOR/go.mod (supported: $(cd "$(dirname "${BASH_SOURCE[0]}")/tools" && ls -d v1.* | tr '\n' ' '))" >&2; exit 1; }
+# A bad KUBE_MINOR stops a script, and returns from `source` in a shell
+# without closing it.
+[[ -f "$TOOLS_DIR/go.mod" ]] || { echo "KUBE_MINOR=$KUBE_MINOR: no hack/tools/v$KUBE_MINOR/go.mod (supported: $(cd "$(dirname "${BASH_SOURCE[0]}")/tools" && ls -d v1.* | tr '\n' ' '))" >&2; return 1 2>/dev/null || exit 1; }
 KUBE_VERSION="$(awk '$1 == "k8s.io/kubernetes" {print $2; exit}' "$TOOLS_DIR/go.mod")"
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE_ROOT="${SAMPLE_CONTROLLER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/sample-controller-rs}"
@@ -23,6 +25,26 @@ PLANE_BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 ASSETS_DIR="${KUBEBUILDER_ASSETS:-$CACHE_ROOT/k8s/$KUBE_VERSION-${GOOS_:-linux}-${GOARCH_:-amd64}}"
 
 log() { echo "[$(basename "$0")] $*" >&2; }
+
+# Run COMMAND every 0.2 s until it succeeds (0), or SECONDS have passed (1).
+# wait_for WHAT SECONDS COMMAND...; WHAT names it in the log on a timeout.
+wait_for() {
+  local what=$1 secs=$2; shift 2
+  local deadline=$((SECONDS + secs))
+  until "$@" >/dev/null 2>&1; do
+    if (( SECONDS >= deadline )); then
+      log "$what: not ready after ${secs}s"
+      return 1
+    fi
+    sleep 0.2
+  done
+}
+
+# The port an operator serving ENDPOINTS bound, from its start-up log line
+# (text format): it binds 127.0.0.1:0 and the kernel picks. bound_port LOG ENDPOINTS
+bound_port() {
+  sed -n "s|.*serving HTTP addr=[0-9.]*:\([0-9]*\) endpoints=$2\$|\1|p" "$1" | head -n 1
+}
 die() { echo "[$(basename "$0")] ERROR: $*" >&2; exit 1; }
 
 # The Debian package providing `command`, installed if the command is

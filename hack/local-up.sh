@@ -114,18 +114,11 @@ start() { # name args...
   setsid "$ASSETS/$name" "$@" >"$DIR/logs/$name.log" 2>&1 < /dev/null &
   echo $! > "$DIR/$name.pid"
 }
-wait_for() { # what seconds command...
-  local what=$1 secs=$2; shift 2
-  local deadline=$((SECONDS + secs))
-  until "$@" >/dev/null 2>&1; do
-    if (( SECONDS >= deadline )); then
-      log "$what not ready after ${secs}s; last log lines:"
-      tail -n 30 "$DIR/logs/"*.log >&2 || true
-      "$REPO_ROOT/hack/local-down.sh" >/dev/null 2>&1 || true
-      die "$what did not become ready"
-    fi
-    sleep 0.5
-  done
+plane_wait() { # what seconds command...: or stop the plane, showing its logs
+  wait_for "$@" && return 0
+  tail -n 30 "$DIR/logs/"*.log >&2 || true
+  "$REPO_ROOT/hack/local-down.sh" >/dev/null 2>&1 || true
+  die "$1 did not become ready"
 }
 
 log "starting etcd on 127.0.0.1:$ETCD_PORT"
@@ -134,7 +127,7 @@ start etcd --name local --data-dir "$DIR/etcd" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" \
   --unsafe-no-fsync --listen-metrics-urls "" --log-level warn
-wait_for etcd 60 component_serving etcd
+plane_wait etcd 60 component_serving etcd
 
 audit_flags=()
 if [[ -n "${LOCAL_UP_AUDIT_LOG:-}" ]]; then
@@ -165,7 +158,7 @@ start kube-apiserver \
   --endpoint-reconciler-type none \
   "${audit_flags[@]}" \
   --v 1
-wait_for kube-apiserver 120 component_serving kube-apiserver
+plane_wait kube-apiserver 120 component_serving kube-apiserver
 write_kubeconfig "$DIR/admin.kubeconfig"
 
 # Its client's default rate limit (20 requests/s) would make a few hundred
@@ -182,7 +175,7 @@ start kube-controller-manager \
   --v 1
 # The ServiceAccount controller creating "default" proves the controller
 # manager is running its loops; pods cannot be created before it.
-wait_for kube-controller-manager 120 kubectl --kubeconfig "$DIR/admin.kubeconfig" get serviceaccount default -n default
+plane_wait kube-controller-manager 120 kubectl --kubeconfig "$DIR/admin.kubeconfig" get serviceaccount default -n default
 
 log "starting kube-scheduler"
 cat > "$DIR/scheduler.yaml" <<CONFIG
@@ -223,7 +216,7 @@ metadata:
 ---
 NODE
 done | kubectl --kubeconfig "$DIR/admin.kubeconfig" apply -f - >/dev/null
-wait_for "kwok's nodes" 60 kubectl --kubeconfig "$DIR/admin.kubeconfig" wait --for=condition=Ready node --all --timeout=1s
+plane_wait "kwok's nodes" 60 kubectl --kubeconfig "$DIR/admin.kubeconfig" wait --for=condition=Ready node --all --timeout=1s
 
 cp "$DIR/admin.kubeconfig" "$KUBECONFIG_OUT"
 log "control plane ready (state and logs in $DIR)"

@@ -7,8 +7,10 @@
 # oldest supported, 1.37 and 1.35). The planes are built from Go modules on
 # first use, in the background while the Rust side builds and runs its unit
 # tests (the Go builds keep about one core busy). Integration tests never
-# skip: if a control plane cannot be had, this fails saying why. Every test
-# binary runs even when one fails; the last line is always `tests: N passed,
+# skip: if a control plane cannot be had, this fails saying why. Tests run
+# under cargo-nextest (installed on first use; .config/nextest.toml): every
+# test runs even when one fails, each within its own timeout, and the totals
+# come from its JUnit report. The last line is always `tests: N passed,
 # M failed`, also when a step fails early.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -25,9 +27,8 @@ summary() {
   if $plane_up; then hack/local-down.sh || true; fi
   if [[ -n "$planes_pid" ]]; then kill "$planes_pid" 2>/dev/null || true; fi
   if [[ -n "$results" && -f "$results" ]]; then
-    passed=$(awk '{for (i=1;i<=NF;i++) if ($(i+1) ~ /^passed;?$/) s+=$i} END {print s+0}' "$results")
-    failed=$(awk '{for (i=1;i<=NF;i++) if ($(i+1) ~ /^failed;?$/) s+=$i} END {print s+0}' "$results")
-    rm -f "$results" "$results.out"
+    read -r passed failed < <(awk '{p += $1; f += $2} END {print p+0, f+0}' "$results")
+    rm -f "$results"
   fi
   if (( rc != 0 && failed == 0 )); then
     failed=1 # the step itself failed: a build, a lint, the control plane
@@ -40,19 +41,16 @@ summary() {
 trap summary EXIT
 results="$(mktemp)"
 
-run_tests() { # cargo test args...; keeps the summary lines for the total
-  local rc=0
-  cargo test --locked --no-fail-fast "$@" 2>&1 | tee "$results.out" || rc=$?
-  grep -E '^test result:' "$results.out" >> "$results" || true
+junit="target/nextest/default/junit.xml"
+run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit report to the totals
+  local rc=0 tests failures errors
+  rm -f "$junit"
+  cargo nextest run --locked --no-tests=fail "$@" || rc=$?
+  [[ -f "$junit" ]] || { log "cargo nextest wrote no report: the tests did not run"; return 1; }
+  # The root element: <testsuites name="nextest-run" tests="N" failures="F" errors="E" ...>
+  read -r tests failures errors < <(sed -n 's/.*<testsuites [^>]*tests="\([0-9]*\)" failures="\([0-9]*\)" errors="\([0-9]*\)".*/\1 \2 \3/p' "$junit" | head -n 1)
+  echo "$((tests - failures - errors)) $((failures + errors))" >> "$results"
   return "$rc"
-}
-
-ran_all() { # suite...: each ran in the last run_tests (a binary that did not build runs nothing)
-  local suite missing=()
-  for suite in "$@"; do
-    grep -qF "Running $suite (" "$results.out" || missing+=("$suite")
-  done
-  (( ${#missing[@]} == 0 )) || { log "these test suites did not run: ${missing[*]}"; return 1; }
 }
 
 planes_log="$(mktemp)"
@@ -61,6 +59,10 @@ planes_log="$(mktemp)"
 planes_pid=$!
 
 step="1/6 build"; log "$step"
+if ! cargo nextest --version >/dev/null 2>&1; then
+  log "installing cargo-nextest, the test runner (crates.io; once per machine)"
+  cargo install --locked cargo-nextest >&2
+fi
 cargo build --locked --all-targets
 step="2/6 formatting, lints, generated CRD matches the Foo type"; log "$step"
 cargo fmt --check
@@ -71,8 +73,8 @@ hack/lint-dockerfile.sh
 step="4/6 unit and mocked-API tests, alert rules"; log "$step"
 need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
 failing=() # steps whose tests failed; the rest still run
-run_tests --lib --bins --test reconcile_mock --test alerts || failing+=("unit and mocked-API tests, alert rules")
-ran_all "unittests src/lib.rs" "tests/reconcile_mock.rs" "tests/alerts.rs" || failing+=("unit and mocked-API suites")
+run_tests --lib --bins --test reconcile_mock --test alerts --test layers ||
+  failing+=("unit and mocked-API tests, alert rules, layers")
 
 step="5/6 the image, built from Dockerfile"; log "$step"
 image="$(hack/build-image.sh)"
@@ -94,10 +96,15 @@ for minor in $KUBE_MINORS; do
   up="$(hack/local-up.sh)" || die "the Kubernetes $minor control plane could not be started (see above); integration tests cannot run"
   eval "$up"
   install_crds
-  SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG" \
-    SAMPLE_CONTROLLER_TEST_IMAGE="$image" run_tests --test 'e2e_*' -- --show-output ||
-    failing+=("integration tests on Kubernetes $minor")
-  ran_all tests/e2e_*.rs || failing+=("integration suites on Kubernetes $minor")
+  export SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG"
+  export SAMPLE_CONTROLLER_TEST_IMAGE="$image"
+  # One binary at a time, its tests two at once, as cargo test runs them:
+  # the chaos tests restart this plane and the deploy tests drain its nodes,
+  # so no other binary's tests may run beside theirs.
+  for suite in tests/e2e_*.rs; do
+    suite=$(basename "$suite" .rs)
+    run_tests --test "$suite" || failing+=("$suite on Kubernetes $minor")
+  done
   hack/local-down.sh
   plane_up=false
 done
