@@ -60,8 +60,9 @@ planes_pid=$!
 
 step="1/6 build"; log "$step"
 if ! cargo nextest --version >/dev/null 2>&1; then
+  # Without its self-update (an HTTP client and TLS stack to build for nothing).
   log "installing cargo-nextest, the test runner (crates.io; once per machine)"
-  cargo install --locked cargo-nextest >&2
+  cargo install --locked cargo-nextest@0.9.151 --no-default-features --features default-no-update >&2
 fi
 cargo build --locked --all-targets
 step="2/6 formatting, lints, generated CRD matches the Foo type"; log "$step"
