@@ -10,7 +10,7 @@ use kube::runtime::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
-use tracing::info;
+use tracing::{debug, info};
 
 use crate::adoption::Adoption;
 use crate::cache::Caches;
@@ -158,9 +158,12 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -
 pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<Arc<Fence>>) -> JoinHandle<()> {
     let (caches, adoption) = (caches.clone(), adoption.clone());
     tokio::spawn(async move {
+        debug!("adoption pass waiting for the caches");
         if !caches.synced().await {
+            debug!("a watch ended before its first list; no adoption pass");
             return;
         }
+        debug!("caches synced; adoption pass starting");
         let foo_uid = |foo: &ObjectRef<Foo>| caches.foos.get(foo).and_then(|f| f.uid());
         let may_write = || leader::may_write(fence.as_deref());
         adoption.run(foo_uid, may_write, |adopted| caches.deployments.wrote(None, Some(adopted))).await;

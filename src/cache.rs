@@ -22,7 +22,11 @@
 //! - an **index by controller uid** ([`index`]), so a sync finds the
 //!   Deployments its Foo controls without a scan.
 //!
-//! Readiness is the reflector store's own ([`Store::wait_until_ready`]).
+//! Readiness is our own flag, set at the first full list, not kube-runtime's
+//! `Store::wait_until_ready`: that wakes only the last of several tasks
+//! waiting at once (its `DelayedInit` keeps one waker), and the `Controller`
+//! itself waits on the Foo store, so the adoption pass, waiting too, was
+//! never woken and every sync waited for it.
 
 mod index;
 mod own_writes;
@@ -36,6 +40,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 use kube::runtime::{WatchStreamExt, reflector::reflector};
 use parking_lot::Mutex;
+use tokio::sync::watch;
 
 use crate::deployment::DeploymentView;
 use crate::foo::Foo;
@@ -55,7 +60,7 @@ impl Caches {
     /// `false` once a watch ended before its first list (the controller
     /// stopped).
     pub async fn synced(&self) -> bool {
-        self.foos.store.wait_until_ready().await.is_ok() && self.deployments.store.wait_until_ready().await.is_ok()
+        self.foos.synced().await && self.deployments.synced().await
     }
 }
 
@@ -66,6 +71,8 @@ pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     trim: fn(&mut K),
     written: Mutex<OwnWrites<K>>,
     controlled: Mutex<ByController<K>>,
+    /// Set once the first full list is stored; any number may wait on it.
+    synced: watch::Sender<bool>,
 }
 
 impl<K> Cache<K>
@@ -76,7 +83,8 @@ where
     /// [`Cache::reflect`] fills it with.
     pub fn new(trim: fn(&mut K)) -> (Arc<Self>, Writer<K>) {
         let (store, writer) = reflector::store();
-        let cache = Cache { store, trim, written: Mutex::default(), controlled: Mutex::default() };
+        let synced = watch::Sender::new(false);
+        let cache = Cache { store, trim, written: Mutex::default(), controlled: Mutex::default(), synced };
         (Arc::new(cache), writer)
     }
 
@@ -141,6 +149,12 @@ where
         self.written().record(before, after);
     }
 
+    /// Resolves once the first full list has been stored: `true`; `false`
+    /// if the cache was dropped first.
+    pub async fn synced(&self) -> bool {
+        self.synced.subscribe().wait_for(|synced| *synced).await.is_ok()
+    }
+
     /// The reader the controller schedules syncs from.
     pub fn store(&self) -> Store<K> {
         self.store.clone()
@@ -160,6 +174,7 @@ where
                 // A relist replaced the store: objects deleted while the
                 // watch was down must leave the index too.
                 *self.controlled.lock() = ByController::of(self.store.state());
+                self.synced.send_replace(true);
             }
             watcher::Event::Init => {}
         }
@@ -216,7 +231,7 @@ mod tests {
         for event in [watcher::Event::Init, watcher::Event::InitApply(before.clone()), watcher::Event::InitDone] {
             events.unbounded_send(Ok(event)).unwrap();
         }
-        cache.store().wait_until_ready().await.unwrap();
+        assert!(cache.synced().await);
         cache.wrote(Some(&before), Some(ours.clone()));
         assert_eq!(cache.latest(Arc::new(before.clone())).resource_version().as_deref(), Some("101"), "our write");
         events.unbounded_send(Ok(watcher::Event::Apply(ours))).unwrap();
@@ -247,7 +262,7 @@ mod tests {
         for e in [Init, InitApply(a1.clone()), InitApply(a2.clone()), InitApply(b1), InitApply(foreign), InitDone] {
             send(e);
         }
-        cache.store().wait_until_ready().await.unwrap();
+        assert!(cache.synced().await);
         assert_eq!((names("uid-a"), names("uid-b")), (vec!["a1".to_owned(), "a2".into()], vec!["b1".to_owned()]));
         assert_eq!(names("uid-other"), vec!["x".to_owned()], "any controller, not only Foos");
         send(Delete(a2));
