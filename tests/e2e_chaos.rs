@@ -29,7 +29,8 @@ use sample_controller::decision::{DeploymentAction, decide};
 use sample_controller::deployment::DeploymentView;
 use serde_json::json;
 
-/// One scenario at a time: they stop the plane everyone uses.
+/// One scenario at a time: they stop the plane everyone uses. (Under
+/// cargo-nextest, a process per test, .config/nextest.toml does it.)
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// "A few hundred Foos" converging while things fail.

@@ -92,7 +92,8 @@ const LEADER_ELECTION: [&str; 5] = [
     "leases.coordination.k8s.io watch",
 ];
 
-/// `kubectl apply -f deploy/`, once for all the tests here.
+/// `kubectl apply -f deploy/`, once for all the tests here (once per test
+/// under cargo-nextest, which runs them one at a time: .config/nextest.toml).
 fn installed() {
     static INSTALL: std::sync::Once = std::sync::Once::new();
     INSTALL.call_once(|| {
