@@ -47,8 +47,10 @@ run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit r
   rm -f "$junit"
   cargo nextest run --locked --no-tests=fail "$@" || rc=$?
   [[ -f "$junit" ]] || { log "cargo nextest wrote no report: the tests did not run"; return 1; }
-  # The root element: <testsuites name="nextest-run" tests="N" failures="F" errors="E" ...>
-  read -r tests failures errors < <(sed -n 's/.*<testsuites [^>]*tests="\([0-9]*\)" failures="\([0-9]*\)" errors="\([0-9]*\)".*/\1 \2 \3/p' "$junit" | head -n 1)
+  # The root element: <testsuites name="nextest-run" tests="N" skipped="S" failures="F" errors="E" ...>
+  local root; root=$(grep -m 1 -o '<testsuites [^>]*>' "$junit" || true)
+  attr() { sed -n "s/.* $1=\"\([0-9]*\)\".*/\1/p" <<<"$root"; }
+  tests=$(attr tests) failures=$(attr failures) errors=$(attr errors)
   echo "$((tests - failures - errors)) $((failures + errors))" >> "$results"
   return "$rc"
 }
