@@ -158,7 +158,6 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -
 pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<Arc<Fence>>) -> JoinHandle<()> {
     let (caches, adoption) = (caches.clone(), adoption.clone());
     tokio::spawn(async move {
-        debug!("adoption pass waiting for the caches");
         if !caches.synced().await {
             debug!("a watch ended before its first list; no adoption pass");
             return;

@@ -128,7 +128,6 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     // If the cache has not yet seen our last status write, use what it returned.
     let foo = ctx.caches.foos.latest(foo);
     let target = Target::of(&foo)?;
-    tracing::trace!(foo = %target.key, "waiting for the adoption pass");
     ctx.adoption.finished().await;
     let name = &foo.spec.deployment_name;
     let current = (!name.is_empty())
