@@ -20,7 +20,7 @@ namespace); every request counts once (by auditID), whatever its verb.
   audit.py curve LOG UA NS                     seconds from UA's first request in NS
                                                to each Foo's first status write, sorted
   audit.py records LOG UA NS USER              every request so far, one JSON line each
-                                               (user, at, verb, resource, subresource,
+                                               (user, pod, at, verb, resource, subresource,
                                                name, code); by User-Agent start, namespace
                                                and user (or impersonated user), "-" for any
   audit.py svg OUT TITLE LABEL=FILE[,FILE]...  draw curves (files of `curve`) as Foos
@@ -32,6 +32,7 @@ import json
 import sys
 import time
 
+POD_NAME_KEY = "authentication.kubernetes.io/pod-name"
 WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 
 
@@ -237,11 +238,14 @@ def records(path, ua, ns, user):
         ref = e.get("objectRef") or {}
         if not any_(ns) and ref.get("namespace") != ns:
             continue
-        who = (e.get("impersonatedUser") or {}).get("username") or (e.get("user") or {}).get("username", "")
+        as_user = e.get("impersonatedUser") or e.get("user") or {}
+        who = as_user.get("username", "")
         if not any_(user) and user not in (who, (e.get("user") or {}).get("username")):
             continue
+        # The pod a bound ServiceAccount token names (as the kubelet mounts it).
+        pod = ((as_user.get("extra") or {}).get(POD_NAME_KEY) or [None])[0]
         print(json.dumps({
-            "user": who, "at": e["requestReceivedTimestamp"], "verb": e["verb"],
+            "user": who, "pod": pod, "at": e["requestReceivedTimestamp"], "verb": e["verb"],
             "resource": ref.get("resource", ""), "subresource": ref.get("subresource"),
             "name": ref.get("name"), "code": (e.get("responseStatus") or {}).get("code"),
         }))

@@ -12,7 +12,8 @@
 #            where the kubelet mounts them.
 # ARG...     the container's arguments (after the image's entrypoint).
 # MEMORY_LIMIT (bytes, optional) caps the container's memory, as a pod's
-# limit does.
+# limit does; POD_NAME (optional) is passed on, as deploy/'s downward API
+# sets it.
 #
 # The container runs as the image's user (65532) with a read-only root
 # filesystem, no capabilities and no privilege escalation, like deploy/'s
@@ -53,6 +54,8 @@ p["terminal"] = False
 p["noNewPrivileges"] = True
 p["capabilities"] = {k: [] for k in ("bounding", "effective", "inheritable", "permitted", "ambient")}
 p["env"] += [f"{k}={os.environ[k]}" for k in ("KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT")]
+if "POD_NAME" in os.environ:  # the downward API's, as deploy/ sets it
+    p["env"].append(f"POD_NAME={os.environ['POD_NAME']}")
 if "RUST_LOG" in os.environ:
     p["env"].append(f"RUST_LOG={os.environ['RUST_LOG']}")
 c["root"]["readonly"] = True

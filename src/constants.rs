@@ -77,3 +77,14 @@ pub const CONDITION_READY: &str = "Ready";
 /// Reasons of the `Ready` condition besides the event reasons above.
 pub const REASON_AVAILABLE: &str = "Available";
 pub const REASON_PROGRESSING: &str = "Progressing";
+
+/// The ValidatingAdmissionPolicy of deploy/11-leader-fence.yaml: the API
+/// server names it in every refusal of its ("ValidatingAdmissionPolicy
+/// '<name>' with binding '<name>' denied request: ..."), which is how the
+/// operator tells a refusal by the fence from any other.
+pub const FENCE_POLICY: &str = "sample-controller-leader-fence";
+
+/// The pod's name, set from the downward API in deploy/: the start of the
+/// Lease's holder identity, which the fence matches with the pod the
+/// request's token is bound to.
+pub const POD_NAME_ENV: &str = "POD_NAME";

@@ -2,6 +2,8 @@
 //! own failures (flags, credentials, listeners, a lost Lease) are another
 //! type, [`crate::app::Error`], as they never reach a sync's retry.
 
+use crate::constants::FENCE_POLICY;
+
 /// A failed sync: logged and retried by the sync's error policy.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -69,6 +71,20 @@ impl SyncError {
             _ => false,
         }
     }
+
+    /// True for a write the API server's leader fence refused: its view of
+    /// the Lease names another pod (HTTP 403; 422 for a binding changed to
+    /// `parameterNotFoundAction: Deny` that finds no Lease).
+    pub fn is_fence_refusal(&self) -> bool {
+        matches!(self, SyncError::Api { source: kube::Error::Api(s), .. }
+            if (s.code == 403 || s.code == 422) && s.message.contains(&format!("ValidatingAdmissionPolicy '{FENCE_POLICY}'")))
+    }
+
+    /// True when a retry must wait at least a second: the server failed,
+    /// or its fence refused (the elector checks the Lease first).
+    pub fn retries_slowly(&self) -> bool {
+        self.is_server_failure() || self.is_fence_refusal()
+    }
 }
 
 pub type SyncResult<T> = std::result::Result<T, SyncError>;
@@ -98,6 +114,37 @@ mod tests {
         let api = SyncError::Api { foo: "default/f".into(), action: ApiAction::GetDeployment, source: unreachable };
         assert!(api.is_server_failure());
         assert!(!SyncError::ResourceExists { foo: "default/f".into(), deployment: "d".into() }.is_server_failure());
+    }
+
+    #[test]
+    fn a_refusal_by_the_leader_fence_is_told_from_other_refusals_and_retried_slowly() {
+        let refused = |code: u16, message: &str| SyncError::Api {
+            foo: "default/f".into(),
+            action: ApiAction::CreateDeployment,
+            source: kube::Error::Api(kube::core::Status::failure(message, "Forbidden").with_code(code).boxed()),
+        };
+        // As the API server words them.
+        let denied = "ValidatingAdmissionPolicy 'sample-controller-leader-fence' with binding \
+                      'sample-controller-leader-fence' denied request:";
+        let holder_elsewhere = refused(
+            403,
+            &format!("deployments.apps \"d\" is forbidden: {denied} pod a does not hold the Lease l (held by b_1f)"),
+        );
+        let no_lease = refused(
+            422,
+            &format!(
+                "foos \"f\" is forbidden: {denied} failed to configure binding: no params found for policy \
+                      binding with `Deny` parameterNotFoundAction"
+            ),
+        );
+        for fenced in [holder_elsewhere, no_lease] {
+            assert!(fenced.is_fence_refusal() && fenced.retries_slowly(), "{fenced}");
+        }
+        let rbac = refused(403, "deployments.apps is forbidden: User \"u\" cannot create resource \"deployments\"");
+        assert!(!rbac.is_fence_refusal() && !rbac.retries_slowly(), "an RBAC refusal");
+        let other_policy = refused(403, "ValidatingAdmissionPolicy 'replica-limit' with binding 'b' denied request: x");
+        assert!(!other_policy.is_fence_refusal(), "another policy's refusal");
+        assert!(!refused(409, denied).is_fence_refusal(), "not a refusal by admission");
     }
 
     #[test]

@@ -15,6 +15,7 @@
 
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
@@ -25,9 +26,11 @@ use kube::api::Api;
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
 use parking_lot::Mutex;
+use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::client::post_params;
+use crate::constants::POD_NAME_ENV;
 
 /// Timing and identity of one candidate.
 #[derive(Clone, Debug)]
@@ -59,16 +62,24 @@ pub enum Lost {
 /// before every write: a leader that was paused past its deadline (a
 /// stopped process, a frozen VM) writes nothing when it resumes, even before
 /// its elector has noticed and the process has exited.
+///
+/// Where the API server fences too (deploy/11-leader-fence.yaml), a write it
+/// refuses as not the Lease holder's puts the fence in doubt: nothing is
+/// written until the elector, woken at once, has renewed the Lease (the
+/// refusal came from the policy's view of the Lease lagging behind our
+/// acquire) or found it taken (the process ends).
 #[derive(Debug, Default)]
 pub struct Fence {
     valid_until: Mutex<Option<Instant>>,
+    in_doubt: AtomicBool,
+    check_now: Notify,
 }
 
 impl Fence {
     /// A fence that holds from the first renewal on (never, for a
     /// candidate that never led).
     pub fn new() -> Self {
-        Fence { valid_until: Mutex::new(None) }
+        Fence::default()
     }
 
     /// A fence as a renewal just now leaves it: holding for `deadline`.
@@ -79,13 +90,29 @@ impl Fence {
         fence
     }
 
-    /// True while the last renewal is within the renew deadline.
+    /// True while the last renewal is within the renew deadline and no
+    /// refusal by the API server is being checked.
     pub fn holds(&self) -> bool {
-        self.valid_until.lock().is_some_and(|until| Instant::now() < until)
+        !self.in_doubt() && self.valid_until.lock().is_some_and(|until| Instant::now() < until)
+    }
+
+    /// True from a refusal by the API server's fence until the elector's
+    /// next renewal.
+    pub fn in_doubt(&self) -> bool {
+        self.in_doubt.load(Ordering::Acquire)
+    }
+
+    /// The API server refused a write as not the Lease holder's: write
+    /// nothing until the elector has checked the Lease.
+    pub fn doubt(&self) {
+        if !self.in_doubt.swap(true, Ordering::AcqRel) {
+            self.check_now.notify_one();
+        }
     }
 
     fn renewed(&self, attempt: Instant, deadline: Duration) {
         *self.valid_until.lock() = Some(attempt + deadline);
+        self.in_doubt.store(false, Ordering::Release);
     }
 
     /// Hold no more: this replica is handing the Lease over.
@@ -231,9 +258,11 @@ impl Elector {
     /// Renew the Lease until leadership is lost. Never returns while leading.
     pub async fn hold(&mut self) -> Lost {
         let mut last_renew = Instant::now();
+        let mut last_attempt = last_renew;
         loop {
-            tokio::time::sleep(self.cfg.retry_period).await;
+            self.until_next_attempt(last_attempt).await;
             let attempt = Instant::now();
+            last_attempt = attempt;
             let left = self.cfg.renew_deadline.saturating_sub(attempt - last_renew);
             match tokio::time::timeout(left, self.renew()).await {
                 Ok(Ok(Renewal::Renewed)) => {
@@ -249,6 +278,21 @@ impl Elector {
             }
             if last_renew.elapsed() >= self.cfg.renew_deadline {
                 return Lost::RenewDeadline;
+            }
+        }
+    }
+
+    /// A retry period after the last attempt, or sooner when the fence is
+    /// put in doubt: then half a retry period after it, at the soonest, so
+    /// that a fence refusing every write (a misconfigured policy) costs at
+    /// most two renewals a retry period, not one per refusal.
+    async fn until_next_attempt(&self, last_attempt: Instant) {
+        let regular = tokio::time::sleep_until((last_attempt + self.cfg.retry_period).into());
+        tokio::select! {
+            _ = regular => {}
+            _ = self.fence.check_now.notified() => {
+                info!(lease = %self.cfg.lease_name, "the API server refused a write as not the Lease holder's; checking the Lease");
+                tokio::time::sleep_until((last_attempt + self.cfg.retry_period / 2).into()).await;
             }
         }
     }
@@ -438,13 +482,16 @@ fn lease_states(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = Opti
     })
 }
 
-/// A process-unique identity: the pod name (HOSTNAME in a pod), the process
-/// id and the start time, so a restarted container never mistakes its
-/// predecessor's Lease for its own.
+/// A process-unique identity: the pod name ([`POD_NAME_ENV`] from the
+/// downward API, else HOSTNAME, which is the pod name in a pod), then `_`,
+/// the process id and the start time, so a restarted container never
+/// mistakes its predecessor's Lease for its own. Pod names have no `_`, so
+/// the API server's fence can tell the pod from the rest.
 pub fn default_identity() -> String {
-    let host = std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()).unwrap_or_else(|| "sample-controller".into());
+    let named = |var: &str| std::env::var(var).ok().filter(|h| !h.is_empty());
+    let pod = named(POD_NAME_ENV).or_else(|| named("HOSTNAME")).unwrap_or_else(|| "sample-controller".into());
     let nanos = Timestamp::now().as_nanosecond();
-    format!("{host}_{:x}{:x}", std::process::id(), nanos & 0xffff_ffff)
+    format!("{pod}_{:x}{:x}", std::process::id(), nanos & 0xffff_ffff)
 }
 
 #[cfg(test)]
@@ -562,5 +609,38 @@ mod tests {
         assert!(!fence.holds(), "past the deadline, as a paused leader is when it resumes");
         fence.renewed(Instant::now(), Duration::from_secs(10));
         assert!(fence.holds());
+    }
+
+    #[test]
+    fn a_refusal_by_the_api_servers_fence_holds_every_write_until_the_next_renewal() {
+        let fence = Fence::holding_for(Duration::from_secs(10));
+        fence.doubt();
+        assert!(fence.in_doubt() && !fence.holds(), "in doubt, within the renew deadline");
+        fence.doubt();
+        fence.renewed(Instant::now(), Duration::from_secs(10));
+        assert!(!fence.in_doubt() && fence.holds(), "a renewal settles the doubt");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_wakes_the_elector_early_but_no_sooner_than_half_a_retry_period() {
+        let e = Elector::new(dummy_client(), config("me"));
+        let waited = |doubt: bool| {
+            let (fence, e) = (e.fence(), &e);
+            async move {
+                let t0 = tokio::time::Instant::now();
+                let start = t0.into_std();
+                if doubt {
+                    fence.doubt();
+                }
+                e.until_next_attempt(start).await;
+                t0.elapsed()
+            }
+        };
+        // Timers fire on the millisecond after their deadline.
+        let about = |secs: u64| Duration::from_secs(secs)..Duration::from_secs(secs) + Duration::from_millis(10);
+        assert!(about(2).contains(&waited(false).await), "a retry period");
+        assert!(about(1).contains(&waited(true).await), "half of it, after a refusal");
+        // A doubt wakes the elector once: no permit is left for the next wait.
+        assert!(about(2).contains(&waited(false).await), "no stale wake-up");
     }
 }

@@ -63,9 +63,10 @@ pub fn backoff_delay(failures: u32) -> Duration {
 }
 
 /// The wait before a retry, given the Foo's `backoff`: no less than
-/// [`FIRST_RETRY`] when the server failed the request (`server_failure`).
-pub fn retry_delay(backoff: Duration, server_failure: bool) -> Duration {
-    if server_failure { backoff.max(FIRST_RETRY) } else { backoff }
+/// [`FIRST_RETRY`] when the server failed the request or its leader fence
+/// refused it (`slowly`).
+pub fn retry_delay(backoff: Duration, slowly: bool) -> Duration {
+    if slowly { backoff.max(FIRST_RETRY) } else { backoff }
 }
 
 /// `delay` lengthened by up to a quarter at random (`random` in [0, 1)), so

@@ -27,7 +27,7 @@ use crate::events::Publisher;
 use crate::foo::Foo;
 use crate::leader::{Fence, may_write};
 use crate::metrics::Metrics;
-use crate::retry::{BACKOFF_BASE, Failures, retry_delay};
+use crate::retry::{BACKOFF_BASE, FIRST_RETRY, Failures, retry_delay};
 use crate::workqueue::queue_key;
 
 /// Shared by all reconciles.
@@ -68,6 +68,11 @@ impl Context {
 /// One sync of one Foo, timed and counted the way controller-runtime does.
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     let obj = ObjectRef::from_obj(&*foo);
+    if ctx.fence.as_deref().is_some_and(Fence::in_doubt) {
+        // The elector is checking the Lease after a refusal by the API
+        // server's fence: come back once it has, without dropping the Foo.
+        return Ok(Action::requeue(FIRST_RETRY));
+    }
     if !may_write(ctx.fence.as_deref()) {
         // A standby (or a leader past its renew deadline): nothing to do
         // until it takes the Lease, which syncs every Foo. What triggered
@@ -91,10 +96,18 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
 pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
     let obj = ObjectRef::from_obj(&*foo);
     let backoff = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
-    let delay = retry_delay(backoff, err.is_server_failure());
+    let delay = retry_delay(backoff, err.retries_slowly());
     ctx.metrics.queue.retried(queue_key(&obj), delay);
     match err {
         Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
+        // Stop writing and let the elector decide: it renews (the policy's
+        // view of the Lease lagged) or finds the Lease taken (we exit).
+        e if e.is_fence_refusal() => {
+            if let Some(fence) = &ctx.fence {
+                fence.doubt();
+            }
+            warn!(error = %err, retry_in = ?delay, "write refused by the API server's leader fence");
+        }
         // Our cached copy was behind; the retry reads the newer one.
         e if e.is_conflict() => info!(error = %err, retry_in = ?delay, "object changed since cached; retrying"),
         _ => error!(error = %err, retry_in = ?delay, "sync failed"),

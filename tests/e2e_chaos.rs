@@ -18,13 +18,12 @@ use std::time::{Duration, Instant};
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use sample_controller::Foo;
-use sample_controller::constants::USER_AGENT;
+use sample_controller::constants::{FENCE_POLICY, USER_AGENT};
 use sample_controller::decision::{DeploymentAction, decide};
 use sample_controller::deployment::DeploymentView;
 use serde_json::json;
@@ -311,49 +310,50 @@ async fn operator_killed_at_random_moments_while_foos_converge() {
     assert!(took < CONVERGENCE_BOUND, "converging took {took:?} (CHAOS_SEED={seed})");
 }
 
-/// A candidate whose requests reach the API server as user `name` (the
-/// admin impersonating it), so the audit log tells the replicas apart.
-async fn candidate_as(ns: &TestNamespace, name: &str) -> Operator {
-    let kubeconfig = ns.kubeconfig_variant(name, |kc| {
-        kc["users"][0]["user"]["as"] = json!(name);
-        kc["users"][0]["user"]["as-groups"] = json!(["system:masters"]);
-    });
-    let args = election_args(&ns.name, LEASE);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    spawn_operator(&ns.name, &kubeconfig, &args, &format!("{}-{name}", ns.name)).await
-}
-
 #[tokio::test]
-async fn a_leader_paused_mid_convergence_is_replaced_and_stops_writing_when_it_resumes() {
+async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_its_writes_when_it_resumes() {
     let _one = ONE_AT_A_TIME.lock().await;
+    // Two replicas as deploy/ runs them, each with a token bound to one of
+    // its pods: the API server's leader fence knows which pod writes.
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
     let ns = TestNamespace::new("chaos-leader").await;
-    let mut a = candidate_as(&ns, "candidate-a").await;
-    let mut b = candidate_as(&ns, "candidate-b").await;
-    let leader = one_leader(&[&a, &b]).await;
-    let old = holder(&ns).await.expect("a Lease holder");
+    let mut a = spawn_replica(&ns.name, &pods[0], LEASE).await;
+    let mut b = spawn_replica(&ns.name, &pods[1], LEASE).await;
+    let old = wait_until("a Lease holder", TIMEOUT, holding_pod).await;
     create_foos(&ns, MANY).await;
     until_deployments(&ns, MANY / 4).await;
 
     // SIGSTOP, not SIGKILL: the old leader stays alive, with its syncs and
     // queued events in flight, and would write if it could.
-    let (paused, survivor, paused_user) =
-        if leader == 0 { (&mut a, &b, "candidate-a") } else { (&mut b, &a, "candidate-b") };
+    let (paused, survivor) = if old == pods[0].name_any() { (&mut a, &b) } else { (&mut b, &a) };
     signal(paused, "-STOP");
     // Statuses are frozen until a new leader takes over: below MANY ready,
     // the paused leader had work left.
     assert!(ready_foos(&ns).await < MANY, "the pause must land mid-convergence");
-    let new = wait_until("another Lease holder", TIMEOUT, || async { holder(&ns).await.filter(|h| *h != old) }).await;
-    let lease = ns.api::<Lease>().get("sample-controller-test").await.unwrap();
+    let new =
+        wait_until("another pod holding the Lease", TIMEOUT, || async { holding_pod().await.filter(|h| *h != old) })
+            .await;
+    let lease = deploy_lease().await.expect("the Lease");
     let took_over = lease.spec.and_then(|s| s.acquire_time).expect("the new holder's acquireTime").0;
     let took = converged(&ns, "after the takeover").await;
     println!("leader SIGSTOP during the convergence of {MANY} Foos: converged {took:?} after the takeover");
     assert!(took < CONVERGENCE_BOUND, "converging took {took:?}");
-    assert_eq!(metric(survivor, LEADER_SERIES).await, Some(1.0));
+    assert_eq!(metric(survivor, DEPLOY_LEADER_SERIES).await, Some(1.0));
 
-    // Resumed, it finds its renewal past the deadline: it writes nothing and
-    // exits, to come back as a standby.
+    // What a request sent before the pause and answered after it would be:
+    // a write with the old leader's own token, refused by the API server.
+    let old_pod = pods.iter().find(|p| p.name_any() == old).unwrap();
+    let status = json!({ "status": { "availableReplicas": 0 } });
+    let late = Api::<Foo>::namespaced(pod_client(old_pod).await, &ns.name)
+        .patch_status("foo-0", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect_err("the API server must refuse the old leader's pod");
+    assert!(late.to_string().contains(FENCE_POLICY), "{late}");
+
+    // Resumed, it finds its renewal past the deadline and exits, to come
+    // back as a standby.
     signal(paused, "-CONT");
-    let resumed = Timestamp::now();
     let started = Instant::now();
     let exited = loop {
         if let Some(status) = paused.child.try_wait().expect("wait for the old leader") {
@@ -365,24 +365,16 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_stops_writing_when_it_r
     };
     assert!(!exited.success(), "it exits non-zero, having lost the lease: {exited:?}");
     let requests = audited(&ns.name, USER_AGENT);
-    assert!(requests.iter().any(|r| r.user == paused_user), "the audit log names the old leader's requests");
-    let late_writes: Vec<_> = requests
-        .iter()
-        .filter(|r| r.user == paused_user && r.at > took_over && r.resource != "leases")
-        .filter(|r| WRITES.contains(&r.verb.as_str()))
-        .collect();
-    // Each write is made only while the fence holds, and it did not when the
-    // old leader resumed; what can still arrive is a request that had passed
-    // its check when the pause came (no server-side fencing exists to stop
-    // it): at most one per worker and one Event, sent the moment it resumed.
-    // Without the fence it went on with its queue (tests/reconcile_mock.rs
-    // and src/events.rs prove the fence itself, deterministically).
-    let in_flight_at_most = 16 + 1;
-    let late = late_writes.iter().filter(|r| r.at > resumed + std::time::Duration::from_secs(1)).count();
-    println!("old leader's writes after the takeover: {} (in flight at the pause)", late_writes.len());
+    let by_old: Vec<_> = requests.iter().filter(|r| r.pod.as_deref() == Some(old.as_str())).collect();
+    assert!(!by_old.is_empty(), "the audit log names the old leader's pod");
+    let late: Vec<_> = by_old.iter().filter(|r| r.at > took_over && WRITES.contains(&r.verb.as_str())).collect();
+    let admitted: Vec<_> = late.iter().filter(|r| r.code.is_none_or(|c| c < 400)).collect();
+    // What the old leader still sent is what had passed its own fence when
+    // the pause came; the API server refuses all of it.
+    println!("old leader's writes after the takeover: {} sent, {} admitted", late.len(), admitted.len());
     assert!(
-        late_writes.len() <= in_flight_at_most && late == 0,
-        "the old leader ({old}) went on writing after {new} took over: {late_writes:?}"
+        admitted.is_empty(),
+        "the API server admitted writes of {old}'s replica after {new} took over: {admitted:?}"
     );
 }
 

@@ -9,15 +9,15 @@ use std::process::Command;
 
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
+use sample_controller::constants::POD_NAME_ENV;
 use sample_controller::testing::metric_value;
 
 const IMAGE_ENV: &str = "SAMPLE_CONTROLLER_TEST_IMAGE";
 const DEPLOYMENT: &str = "deploy/05-deployment.yaml";
-/// deploy/'s namespace and ServiceAccount.
-const NS: &str = "sample-controller";
-const SA: &str = "sample-controller";
+/// deploy/'s namespace.
+const NS: &str = DEPLOY_NS;
 
 fn image() -> String {
     match std::env::var(IMAGE_ENV) {
@@ -65,12 +65,12 @@ fn bytes(quantity: &str) -> u64 {
 }
 
 /// What the kubelet mounts at /var/run/secrets/kubernetes.io/serviceaccount
-/// (hack/run-image.sh mounts it there): a token for the
-/// ServiceAccount, the cluster's CA and the namespace.
-fn service_account_files() -> String {
+/// in `pod` (hack/run-image.sh mounts it there): a token for the
+/// ServiceAccount bound to the pod, the cluster's CA and the namespace.
+async fn service_account_files(pod: &Pod) -> String {
     let dir = format!("{}/image-serviceaccount", env!("CARGO_TARGET_TMPDIR"));
     std::fs::create_dir_all(&dir).unwrap();
-    let token = kubectl_ok(&["create", "token", SA, "-n", NS, "--duration=1h"]);
+    let token = pod_bound_token(pod).await;
     let plane = std::env::var("LOCAL_UP_DIR").expect("LOCAL_UP_DIR names the local control plane (hack/test.sh)");
     let ca = std::fs::read(format!("{plane}/pki/ca.crt")).expect("the local control plane's CA");
     std::fs::write(format!("{dir}/token"), token.trim()).unwrap();
@@ -107,15 +107,18 @@ impl Drop for Contained {
 #[tokio::test]
 async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_answers_probes() {
     let image = image();
-    kubectl_ok(&["apply", "-f", "deploy/"]);
+    // Run as one of deploy/'s pods would be: its token, its name.
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
     let container = deployed_container();
     let memory = container.resources.as_ref().and_then(|r| r.limits.as_ref()?.get("memory").cloned()).unwrap();
     let server = config().await.cluster_url;
 
     let mut run = Command::new("hack/run-image.sh");
     run.arg(&image)
-        .arg(service_account_files())
+        .arg(service_account_files(&pods[0]).await)
         .args(container_args(&container))
+        .env(POD_NAME_ENV, pods[0].name_any())
         .env("KUBERNETES_SERVICE_HOST", server.host().unwrap())
         .env("KUBERNETES_SERVICE_PORT", server.port_u16().unwrap().to_string())
         .env("MEMORY_LIMIT", bytes(&memory.0).to_string());
@@ -154,6 +157,5 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
     assert!(synced >= 1.0, "{SUCCESS_SERIES} = {synced}");
     // Configured in-cluster: its Lease is in the namespace it read from the
     // mounted files.
-    let holder = kubectl_ok(&["get", "lease", "sample-controller", "-n", NS, "-o", "jsonpath={.spec.holderIdentity}"]);
-    assert!(holder.starts_with("sample-controller"), "{holder:?}");
+    assert_eq!(holding_pod().await, Some(pods[0].name_any()), "its Lease, held in its pod's name");
 }

@@ -11,19 +11,25 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use sample_controller::error::{ApiAction, SyncError};
 use sample_controller::leader::{Elector, LeaderConfig};
 use sample_controller::metrics_auth::{Access, MetricsAuth};
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
-const NS: &str = "sample-controller";
+const NS: &str = DEPLOY_NS;
 /// Waits of the controller that watches every namespace (see its test).
 const AS_DEPLOYED_TIMEOUT: Duration = Duration::from_secs(180);
-const SA: &str = "sample-controller";
+const SA: &str = DEPLOY_SA;
 
-const SA_USER: &str = "system:serviceaccount:sample-controller:sample-controller";
+const SA_USER: &str = DEPLOY_USER;
 
 /// `kubectl auth can-i` as the ServiceAccount: yes or no, and nothing else
 /// (an error is not a "no").
@@ -146,6 +152,10 @@ async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() 
 #[tokio::test]
 async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it_is_granted() {
     installed();
+    // One replica without --leader-elect, as a user runs it with deploy/
+    // (README, "One replica"): without the leader fence, which would refuse
+    // every write of a replica holding no Lease.
+    kubectl_ok(&["delete", "-f", FENCE_MANIFEST, "--ignore-not-found"]);
     // Watching all namespaces with the default workers, as deployed. It
     // also meets every Foo the suites before it left in namespaces still
     // being deleted (hundreds, after the chaos suite), so its waits are long.
@@ -313,6 +323,114 @@ async fn the_service_account_has_no_verb_the_controller_does_not_use() {
     .filter(|verb| can_i(verb))
     .collect();
     assert!(extra.is_empty(), "the ServiceAccount must not be able to {extra:?}");
+}
+
+/// The writes deploy/'s leader fence guards, made with `client` in `ns`:
+/// a Deployment create, a Foo status patch, an Event create. Each one's
+/// refusal, if any.
+async fn guarded_writes(client: &kube::Client, ns: &TestNamespace, tag: &str) -> Vec<Option<kube::Error>> {
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": { "generateName": format!("{tag}-") },
+        "spec": { "replicas": 0, "selector": { "matchLabels": { "app": tag } },
+            "template": { "metadata": { "labels": { "app": tag } },
+                "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] } } }
+    }))
+    .unwrap();
+    let status = json!({ "status": { "availableReplicas": 0 } });
+    let event: Event = serde_json::from_value(json!({
+        "metadata": { "generateName": format!("{tag}-") },
+        "eventTime": Timestamp::now().to_string(), "reportingController": "sample-controller",
+        "reportingInstance": tag, "action": "Reconcile", "reason": "Synced", "type": "Normal",
+        "regarding": { "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo", "name": "fenced",
+            "namespace": ns.name }
+    }))
+    .unwrap();
+    let pp = PostParams::default();
+    vec![
+        Api::<Deployment>::namespaced(client.clone(), &ns.name).create(&pp, &deployment).await.err(),
+        Api::<Foo>::namespaced(client.clone(), &ns.name)
+            .patch_status("fenced", &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .err(),
+        Api::<Event>::namespaced(client.clone(), &ns.name).create(&pp, &event).await.err(),
+    ]
+}
+
+/// The Lease as the replica in `pod` holds it after taking it.
+async fn take_lease(client: &kube::Client, pod: &Pod) {
+    let leases: Api<Lease> = Api::namespaced(client.clone(), DEPLOY_NS);
+    let holder = format!("{}_{}", pod.name_any(), std::process::id());
+    let spec = json!({ "holderIdentity": holder, "leaseDurationSeconds": 15,
+        "renewTime": MicroTime(Timestamp::now()) });
+    match leases.get_opt(DEPLOY_LEASE).await.unwrap() {
+        Some(mut lease) => {
+            lease.spec = Some(serde_json::from_value(spec).unwrap());
+            leases.replace(DEPLOY_LEASE, &PostParams::default(), &lease).await.unwrap();
+        }
+        None => {
+            let lease = json!({ "metadata": { "name": DEPLOY_LEASE }, "spec": spec });
+            leases.create(&PostParams::default(), &serde_json::from_value(lease).unwrap()).await.unwrap();
+        }
+    }
+}
+
+fn all_admitted(writes: &[Option<kube::Error>]) -> bool {
+    writes.iter().all(Option::is_none)
+}
+
+/// Whether the operator takes `e` for a refusal by the fence.
+fn is_fence_refusal(e: &kube::Error) -> bool {
+    let source = kube::Error::Api(match e {
+        kube::Error::Api(status) => status.clone(),
+        _ => return false,
+    });
+    SyncError::Api { foo: "fenced".into(), action: ApiAction::CreateDeployment, source }.is_fence_refusal()
+}
+
+/// Every write refused by the fence, as the operator recognises it.
+fn assert_fenced(writes: Vec<Option<kube::Error>>, who: &str) {
+    for (i, refusal) in writes.into_iter().enumerate() {
+        let refusal = refusal.unwrap_or_else(|| panic!("{who}: write #{i} was admitted"));
+        assert!(is_fence_refusal(&refusal), "{who}: write #{i}: {refusal}");
+    }
+}
+
+#[tokio::test]
+async fn the_api_server_admits_the_operators_writes_only_from_the_pod_that_holds_its_lease() {
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    let ns = TestNamespace::new("fence").await;
+    create_foo(&ns.api(), "fenced", "fenced", Some(1)).await;
+    let (a, b) = (pod_client(&pods[0]).await, pod_client(&pods[1]).await);
+    // No Lease: the fence is open, for every user (the API server looks the
+    // Lease up before it checks who writes; `Deny` there would refuse every
+    // user's Deployment writes in the cluster).
+    assert!(all_admitted(&guarded_writes(&ns.client, &ns, "admin-no-lease").await), "an admin's writes, no Lease");
+    assert!(all_admitted(&guarded_writes(&a, &ns, "no-lease").await), "the operator's writes, no Lease");
+
+    // A Lease write is never fenced: a's replica takes the Lease itself.
+    take_lease(&a, &pods[0]).await;
+    // The API server reads the Lease through an informer: it admits a's
+    // writes once that has the new holder (no watch shows when).
+    wait_until("the holder's writes admitted", TIMEOUT, || async {
+        all_admitted(&guarded_writes(&a, &ns, "holder").await).then_some(())
+    })
+    .await;
+    assert_fenced(guarded_writes(&b, &ns, "standby").await, "the standby's pod");
+    // A token bound to no pod (`kubectl create token`) names no pod.
+    let unbound = kubectl_ok(&["create", "token", SA, "-n", NS]);
+    let unbound = token_client("unbound", unbound.trim()).await;
+    assert_fenced(guarded_writes(&unbound, &ns, "unbound").await, "a token bound to no pod");
+    // Everyone else is left alone.
+    assert!(all_admitted(&guarded_writes(&ns.client, &ns, "admin").await), "an admin's writes");
+
+    // b takes over: the API server follows the Lease.
+    take_lease(&b, &pods[1]).await;
+    wait_until("the new holder's writes admitted", TIMEOUT, || async {
+        all_admitted(&guarded_writes(&b, &ns, "new-holder").await).then_some(())
+    })
+    .await;
+    assert_fenced(guarded_writes(&a, &ns, "deposed").await, "the deposed holder's pod");
 }
 
 /// A client acting as `user`, an ordinary authenticated user.

@@ -477,3 +477,33 @@ async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
     let err = mock.sync(&foo, scenario).await.unwrap_err();
     assert!(matches!(err, Error::NotLeading { .. }), "{err}");
 }
+
+#[tokio::test]
+async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until_the_lease_is_checked() {
+    // The API server's fence (deploy/11-leader-fence.yaml) refuses the
+    // create: the sync fails, its retry waits a second, and the fence is in
+    // doubt, so the next sync of any Foo writes nothing and comes back later
+    // instead of being dropped.
+    let foo = example_foo(1);
+    let fence = Arc::new(Fence::holding_for(Duration::from_secs(10)));
+    let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence.clone()).await;
+    let list =
+        json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": [] });
+    let denied = status(
+        StatusCode::FORBIDDEN,
+        "Forbidden",
+        "ValidatingAdmissionPolicy 'sample-controller-leader-fence' with binding 'sample-controller-leader-fence' \
+         denied request: pod a does not hold the Lease sample-controller/sample-controller (held by b_2a)",
+    );
+    let scenario = vec![
+        expect(Method::GET, DEPLOYMENTS).reply(StatusCode::OK, list),
+        expect(Method::POST, DEPLOYMENTS).reply(StatusCode::FORBIDDEN, denied),
+    ];
+    let err = mock.sync(&foo, scenario).await.unwrap_err();
+    assert!(err.is_fence_refusal(), "{err}");
+    let retry = error_policy(Arc::new(foo.clone()), &err, mock.ctx.clone());
+    assert_eq!(retry, Action::requeue(Duration::from_secs(1)), "a second, not the 5 ms of a first failure");
+    assert!(fence.in_doubt() && !fence.holds(), "the fence is in doubt");
+    let again = mock.sync(&foo, vec![]).await.unwrap();
+    assert_eq!(again, Action::requeue(Duration::from_secs(1)), "held, not dropped, while the Lease is checked");
+}

@@ -15,6 +15,8 @@ pub const AUDIT_LOG_ENV: &str = "SAMPLE_CONTROLLER_TEST_AUDIT_LOG";
 pub struct Audited {
     /// Who, as the API server saw it: the impersonated user if any.
     pub user: String,
+    /// The pod the request's ServiceAccount token is bound to, if any.
+    pub pod: Option<String>,
     /// When the API server received it.
     pub at: k8s_openapi::jiff::Timestamp,
     pub verb: String,
@@ -57,6 +59,7 @@ fn records(user_agent: &str, namespace: &str, user: &str) -> Vec<Audited> {
             let text = |v: &serde_json::Value| v.as_str().map(str::to_owned);
             Audited {
                 user: text(&e["user"]).unwrap_or_default(),
+                pod: text(&e["pod"]),
                 at: e["at"].as_str().and_then(|t| t.parse().ok()).unwrap_or_default(),
                 verb: text(&e["verb"]).unwrap_or_default(),
                 resource: text(&e["resource"]).unwrap_or_default(),

@@ -118,12 +118,7 @@ impl TestNamespace {
     /// A copy of the control plane's kubeconfig changed by `edit`, written
     /// under the test's target directory; returns its path.
     pub fn kubeconfig_variant(&self, tag: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
-        let mut kubeconfig: serde_json::Value =
-            serde_saphyr::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
-        edit(&mut kubeconfig);
-        let path = format!("{}/{}-{tag}-kubeconfig", env!("CARGO_TARGET_TMPDIR"), self.name);
-        std::fs::write(&path, serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
-        path
+        kubeconfig_variant(&format!("{}-{tag}", self.name), edit)
     }
 
     /// The Events this controller wrote here (the scheduler reports its pod
@@ -158,6 +153,17 @@ impl Drop for TestNamespace {
         // controller removes what is left.
         let _ = kubectl(&["delete", "namespace", &self.name, "--wait=false"]);
     }
+}
+
+/// A copy of the control plane's kubeconfig changed by `edit`, written
+/// under the test's target directory as `{name}-kubeconfig`; its path.
+pub fn kubeconfig_variant(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
+    let mut kubeconfig: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
+    edit(&mut kubeconfig);
+    let path = format!("{}/{name}-kubeconfig", env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(&path, serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
+    path
 }
 
 pub fn kubectl(args: &[&str]) -> Output {

@@ -1,13 +1,15 @@
 //! The integration tests' one harness, a module per concern: [`cluster`]
 //! (the control plane hack/test.sh started, a namespace per test, kubectl,
 //! waits), [`in_process`] (the controller run inside the test), [`process`]
-//! (programs the tests start), [`endpoints`] (one HTTP client for their endpoints),
+//! (programs the tests start), [`deployed`] (deploy/ installed, its pods and
+//! their tokens), [`endpoints`] (one HTTP client for their endpoints),
 //! [`audit`] (the API server's audit log) and [`fault_proxy`] (faults
 //! injected between the operator and the API server).
 #![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 pub mod audit;
 pub mod cluster;
+pub mod deployed;
 pub mod endpoints;
 pub mod fault_proxy;
 pub mod in_process;
@@ -15,6 +17,7 @@ pub mod process;
 
 pub use audit::*;
 pub use cluster::*;
+pub use deployed::*;
 pub use endpoints::*;
 pub use in_process::*;
 pub use process::*;

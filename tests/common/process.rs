@@ -61,14 +61,19 @@ pub fn signal(op: &Operator, signal: &str) {
 pub const LEASE: Duration = Duration::from_secs(5);
 
 pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
+    start_logged(operator_command(ns, kubeconfig, extra), log_name).await
+}
+
+/// The operator binary watching `ns`, as `kubeconfig` authenticates, on
+/// ports the kernel picks (it logs which).
+pub fn operator_command(ns: &str, kubeconfig: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sample-controller"));
-    // Port 0: the operator binds free ports itself and logs which.
     cmd.args(["--kubeconfig", kubeconfig, "--namespace", ns])
         .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
         .args(extra)
         .env("RUST_LOG", "info,sample_controller=debug")
         .env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
-    start_logged(cmd, log_name).await
+    cmd
 }
 
 /// Start an operator (the binary, or the image under runc) with its log in
@@ -102,10 +107,16 @@ fn bound_port(log: &str, endpoints: &str) -> Option<u16> {
 /// Leader-election flags for a candidate in `ns`: the renew deadline is 3/5
 /// of the lease, the retry period 1 s.
 pub fn election_args(ns: &str, lease_duration: Duration) -> Vec<String> {
+    lease_args(ns, "sample-controller-test", lease_duration)
+}
+
+/// Leader-election flags for a candidate for the Lease `ns/name`, timed as
+/// [`election_args`].
+pub fn lease_args(ns: &str, name: &str, lease_duration: Duration) -> Vec<String> {
     let secs = lease_duration.as_secs();
     vec![
         "--leader-elect".into(),
-        "--leader-election-id=sample-controller-test".into(),
+        format!("--leader-election-id={name}"),
         format!("--leader-election-namespace={ns}"),
         format!("--leader-elect-lease-duration={secs}s"),
         format!("--leader-elect-renew-deadline={}s", (secs * 3 / 5).max(1)),
