@@ -10,8 +10,10 @@
 # deploy/ applied (its ServiceAccount, RBAC and leader fence) and two bare
 # pods of its ServiceAccount: each replica runs with a token bound to its
 # pod and POD_NAME, as in a cluster, so the fence sees which pod writes.
-# For each of FENCES (default "off on": deploy/11-leader-fence.yaml deleted,
-# then applied), in a namespace of its own:
+# For each of FENCES (default "off on": the leader fence's binding,
+# deploy/12-leader-fence-binding.yaml, deleted, then applied; never the
+# policy, whose deletion leaves kube-apiserver's view of the Lease frozen),
+# in a namespace of its own:
 #  1. N Foos, then replicas a and b started; time until every Foo converged;
 #  2. kill -9 of the leader, 10 Foos edited at once during the outage: the
 #     seconds from the standby taking the Lease (its acquireTime) to the last
@@ -28,7 +30,7 @@ IDLE="${IDLE:-300}"
 FENCES="${FENCES:-off on}"
 DEPLOY_NS=sample-controller
 LEASE=sample-controller
-FENCE=deploy/11-leader-fence.yaml
+FENCE=deploy/12-leader-fence-binding.yaml
 declare -A pids probes kubeconfigs converged took_lease after_kill after_term rss_new_standby
 
 trap 'kill "${pids[@]}" 2>/dev/null || true; hack/local-down.sh' EXIT
@@ -165,7 +167,7 @@ row() { # label array: the array's value for each fence
 echo
 echo "sample-controller benchmark, HA mode: N=$N Foos, two replicas with --leader-elect (default timing)"
 echo
-printf '%-66s' "leader fence (deploy/11-leader-fence.yaml)"
+printf '%-66s' "leader fence (its binding, deploy/12-leader-fence-binding.yaml)"
 for fence in $FENCES; do printf ' %12s' "$fence"; done
 echo
 row "converged (every Foo has its Deployment and status), s" converged

@@ -78,7 +78,7 @@ pub const CONDITION_READY: &str = "Ready";
 pub const REASON_AVAILABLE: &str = "Available";
 pub const REASON_PROGRESSING: &str = "Progressing";
 
-/// The ValidatingAdmissionPolicy of deploy/11-leader-fence.yaml: the API
+/// The ValidatingAdmissionPolicy of deploy/11-leader-fence-policy.yaml: the API
 /// server names it in every refusal of its ("ValidatingAdmissionPolicy
 /// '<name>' with binding '<name>' denied request: ..."), which is how the
 /// operator tells a refusal by the fence from any other.

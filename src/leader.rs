@@ -63,7 +63,7 @@ pub enum Lost {
 /// stopped process, a frozen VM) writes nothing when it resumes, even before
 /// its elector has noticed and the process has exited.
 ///
-/// Where the API server fences too (deploy/11-leader-fence.yaml), a write it
+/// Where the API server fences too (deploy/11-leader-fence-policy.yaml), a write it
 /// refuses as not the Lease holder's puts the fence in doubt: nothing is
 /// written until the elector, woken at once, has renewed the Lease (the
 /// refusal came from the policy's view of the Lease lagging behind our

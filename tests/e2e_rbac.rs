@@ -153,9 +153,9 @@ async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() 
 async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it_is_granted() {
     installed();
     // One replica without --leader-elect, as a user runs it with deploy/
-    // (README, "One replica"): without the leader fence, which would refuse
-    // every write of a replica holding no Lease.
-    kubectl_ok(&["delete", "-f", FENCE_MANIFEST, "--ignore-not-found"]);
+    // (README, "One replica"): without the leader fence's binding, for the
+    // fence refuses the writes of a replica that does not hold the Lease.
+    kubectl_ok(&["delete", "-f", FENCE_BINDING, "--ignore-not-found"]);
     // Watching all namespaces with the default workers, as deployed. It
     // also meets every Foo the suites before it left in namespaces still
     // being deleted (hundreds, after the chaos suite), so its waits are long.

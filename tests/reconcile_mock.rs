@@ -480,7 +480,7 @@ async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
 
 #[tokio::test]
 async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until_the_lease_is_checked() {
-    // The API server's fence (deploy/11-leader-fence.yaml) refuses the
+    // The API server's fence (deploy/11-leader-fence-policy.yaml) refuses the
     // create: the sync fails, its retry waits a second, and the fence is in
     // doubt, so the next sync of any Foo writes nothing and comes back later
     // instead of being dropped.

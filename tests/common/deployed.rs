@@ -2,7 +2,7 @@
 //! them; they are real API objects) and, for each, a ServiceAccount token
 //! bound to it as the kubelet mounts one, so that the API server sees the
 //! pod in every request of a replica run with it — which deploy/'s leader
-//! fence (11-leader-fence.yaml) checks against the Lease's holder.
+//! fence (11-leader-fence-policy.yaml) checks against the Lease's holder.
 
 use std::time::Duration;
 
@@ -25,8 +25,9 @@ pub const DEPLOY_LEASE: &str = "sample-controller";
 /// The ServiceAccount's user name, as the API server and its audit log
 /// know it.
 pub const DEPLOY_USER: &str = "system:serviceaccount:sample-controller:sample-controller";
-/// The leader fence: what a user without --leader-elect deletes (README).
-pub const FENCE_MANIFEST: &str = "deploy/11-leader-fence.yaml";
+/// The leader fence's binding: what a user without --leader-elect deletes
+/// (README), and never the policy (docs/design.md, "The leader fence").
+pub const FENCE_BINDING: &str = "deploy/12-leader-fence-binding.yaml";
 /// Whether a replica leads on deploy/'s Lease, as its metrics say.
 pub const DEPLOY_LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller\"}";
 const POD_SELECTOR: &str = "app.kubernetes.io/name=sample-controller";
