@@ -376,6 +376,10 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_
         admitted.is_empty(),
         "the API server admitted writes of {old}'s replica after {new} took over: {admitted:?}"
     );
+    // The refusal of the write made with its token, as the audit log has it.
+    let mut by_old_pod =
+        audited_by(&ns.name, DEPLOY_USER).into_iter().filter(|r| r.pod.as_deref() == Some(old.as_str()));
+    assert!(by_old_pod.any(|r| r.at > took_over && r.code == Some(403)), "its refusal in the audit log");
 }
 
 #[tokio::test]

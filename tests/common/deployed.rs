@@ -26,7 +26,9 @@ pub const DEPLOY_LEASE: &str = "sample-controller";
 /// know it.
 pub const DEPLOY_USER: &str = "system:serviceaccount:sample-controller:sample-controller";
 /// The leader fence's binding: what a user without --leader-elect deletes
-/// (README), and never the policy (docs/design.md, "The leader fence").
+/// (README). Only the last test on a plane that needs the fence may delete
+/// it: applied again, the API server's view of the Lease can stay frozen
+/// (docs/design.md, "The leader fence").
 pub const FENCE_BINDING: &str = "deploy/12-leader-fence-binding.yaml";
 /// Whether a replica leads on deploy/'s Lease, as its metrics say.
 pub const DEPLOY_LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller\"}";
