@@ -148,8 +148,8 @@ for fence in $FENCES; do
   else
     kubectl delete -f "$FENCE" --ignore-not-found >/dev/null
   fi
-  # Each run in a namespace of its own (the last one's left as it is: its
-  # deletion would load the plane) and with no Lease to wait out.
+  # Each run in a namespace of its own, the runs before it left in place
+  # (their deletion would load the plane), and with no Lease to wait out.
   ns="ha-fence-$fence"
   kubectl delete lease "$LEASE" -n "$DEPLOY_NS" --ignore-not-found >/dev/null
   converge "$fence"

@@ -31,6 +31,12 @@ pub enum SyncError {
     /// standby may lead by now. Its elector ends the process next.
     #[error("Foo {foo}: not written: this replica's lease renewal is past its deadline")]
     NotLeading { foo: String },
+
+    /// The API server's leader fence refused a write of this replica's: it
+    /// writes nothing until its elector has checked the Lease (renewed, or
+    /// found it taken and ended the process).
+    #[error("Foo {foo}: not written: the API server's leader fence refused a write; checking the Lease")]
+    FenceInDoubt { foo: String },
 }
 
 /// The request of a sync that failed.
@@ -73,7 +79,8 @@ impl SyncError {
     }
 
     /// True for a write the API server's leader fence refused: its view of
-    /// the Lease names another pod (HTTP 403; 422 for a binding changed to
+    /// the Lease names no holder or another pod, or the request's token names
+    /// no pod (HTTP 403; 422 for a binding changed to
     /// `parameterNotFoundAction: Deny` that finds no Lease).
     pub fn is_fence_refusal(&self) -> bool {
         matches!(self, SyncError::Api { source: kube::Error::Api(s), .. }
@@ -83,7 +90,7 @@ impl SyncError {
     /// True when a retry must wait at least a second: the server failed,
     /// or its fence refused (the elector checks the Lease first).
     pub fn retries_slowly(&self) -> bool {
-        self.is_server_failure() || self.is_fence_refusal()
+        self.is_server_failure() || self.is_fence_refusal() || matches!(self, SyncError::FenceInDoubt { .. })
     }
 }
 
@@ -145,6 +152,7 @@ mod tests {
         let other_policy = refused(403, "ValidatingAdmissionPolicy 'replica-limit' with binding 'b' denied request: x");
         assert!(!other_policy.is_fence_refusal(), "another policy's refusal");
         assert!(!refused(409, denied).is_fence_refusal(), "not a refusal by admission");
+        assert!(SyncError::FenceInDoubt { foo: "default/f".into() }.retries_slowly(), "held while in doubt");
     }
 
     #[test]

@@ -63,11 +63,12 @@ pub enum Lost {
 /// stopped process, a frozen VM) writes nothing when it resumes, even before
 /// its elector has noticed and the process has exited.
 ///
-/// Where the API server fences too (deploy/11-leader-fence-policy.yaml), a write it
-/// refuses as not the Lease holder's puts the fence in doubt: nothing is
-/// written until the elector, woken at once, has renewed the Lease (the
-/// refusal came from the policy's view of the Lease lagging behind our
-/// acquire) or found it taken (the process ends).
+/// Where the API server fences too (deploy/11-leader-fence-policy.yaml), a
+/// sync's write it refuses as not the Lease holder's puts the fence in
+/// doubt: nothing is written until the elector, woken early (half a retry
+/// period after its last attempt, at the soonest), has renewed the Lease
+/// (the refusal came from the policy's view of the Lease lagging behind
+/// our acquire) or found it taken (the process ends).
 #[derive(Debug, Default)]
 pub struct Fence {
     valid_until: Mutex<Option<Instant>>,
@@ -283,16 +284,20 @@ impl Elector {
     }
 
     /// A retry period after the last attempt, or sooner when the fence is
-    /// put in doubt: then half a retry period after it, at the soonest, so
-    /// that a fence refusing every write (a misconfigured policy) costs at
-    /// most two renewals a retry period, not one per refusal.
+    /// in doubt: then half a retry period after it, at the soonest, so that
+    /// a fence refusing every write (a misconfigured policy) costs at most
+    /// two renewals a retry period, not one per refusal. A wake-up left from
+    /// a doubt that the last renewal already settled is ignored.
     async fn until_next_attempt(&self, last_attempt: Instant) {
-        let regular = tokio::time::sleep_until((last_attempt + self.cfg.retry_period).into());
-        tokio::select! {
-            _ = regular => {}
-            _ = self.fence.check_now.notified() => {
-                info!(lease = %self.cfg.lease_name, "the API server refused a write as not the Lease holder's; checking the Lease");
-                tokio::time::sleep_until((last_attempt + self.cfg.retry_period / 2).into()).await;
+        let mut regular = pin!(tokio::time::sleep_until((last_attempt + self.cfg.retry_period).into()));
+        loop {
+            tokio::select! {
+                _ = &mut regular => return,
+                _ = self.fence.check_now.notified() => if self.fence.in_doubt() {
+                    info!(lease = %self.cfg.lease_name, "the API server refused a write as not the Lease holder's; checking the Lease");
+                    tokio::time::sleep_until((last_attempt + self.cfg.retry_period / 2).into()).await;
+                    return;
+                },
             }
         }
     }
@@ -483,7 +488,9 @@ fn lease_states(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = Opti
 }
 
 /// A process-unique identity: the pod name ([`POD_NAME_ENV`] from the
-/// downward API, else HOSTNAME, which is the pod name in a pod), then `_`,
+/// downward API, which the API server's fence needs; else HOSTNAME, the pod
+/// name in most pods, but not with `hostNetwork`, `spec.hostname` or a name
+/// over 63 characters), then `_`,
 /// the process id and the start time, so a restarted container never
 /// mistakes its predecessor's Lease for its own. Pod names have no `_`, so
 /// the API server's fence can tell the pod from the rest.
@@ -642,5 +649,10 @@ mod tests {
         assert!(about(1).contains(&waited(true).await), "half of it, after a refusal");
         // A doubt wakes the elector once: no permit is left for the next wait.
         assert!(about(2).contains(&waited(false).await), "no stale wake-up");
+        // A doubt settled by a renewal in flight leaves a wake-up behind,
+        // which the next wait ignores.
+        e.fence.doubt();
+        e.fence.renewed(Instant::now(), Duration::from_secs(10));
+        assert!(about(2).contains(&waited(false).await), "a settled doubt wakes no early renewal");
     }
 }

@@ -59,9 +59,15 @@ impl Context {
         Context { client, caches, adoption, events, metrics, fence, failures: Failures::default() }
     }
 
-    /// `Err` once this replica may no longer write as the leader.
+    /// `Err` once this replica may no longer write as the leader, or while
+    /// a refusal by the API server's fence is being checked.
     fn may_write(&self, target: &Target) -> Result<()> {
-        if may_write(self.fence.as_deref()) { Ok(()) } else { Err(Error::NotLeading { foo: target.key.clone() }) }
+        let foo = || target.key.clone();
+        match self.fence.as_deref() {
+            Some(fence) if fence.in_doubt() => Err(Error::FenceInDoubt { foo: foo() }),
+            fence if !may_write(fence) => Err(Error::NotLeading { foo: foo() }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -92,7 +98,7 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
 }
 
 /// Retry a failed sync after a per-Foo exponential backoff, no sooner than
-/// a second when the API server failed it.
+/// a second when the API server failed it or its leader fence refused it.
 pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
     let obj = ObjectRef::from_obj(&*foo);
     let backoff = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
@@ -100,6 +106,7 @@ pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
     ctx.metrics.queue.retried(queue_key(&obj), delay);
     match err {
         Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
+        Error::FenceInDoubt { .. } => info!(error = %err, retry_in = ?delay, "sync held"),
         // Stop writing and let the elector decide: it renews (the policy's
         // view of the Lease lagged) or finds the Lease taken (we exit).
         e if e.is_fence_refusal() => {

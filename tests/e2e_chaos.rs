@@ -354,6 +354,7 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_
     // Resumed, it finds its renewal past the deadline and exits, to come
     // back as a standby.
     signal(paused, "-CONT");
+    let resumed = Timestamp::now();
     let started = Instant::now();
     let exited = loop {
         if let Some(status) = paused.child.try_wait().expect("wait for the old leader") {
@@ -364,22 +365,28 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert!(!exited.success(), "it exits non-zero, having lost the lease: {exited:?}");
+    // What the operator sent (its User-Agent: not the write above), by pod.
     let requests = audited(&ns.name, USER_AGENT);
     let by_old: Vec<_> = requests.iter().filter(|r| r.pod.as_deref() == Some(old.as_str())).collect();
     assert!(!by_old.is_empty(), "the audit log names the old leader's pod");
     let late: Vec<_> = by_old.iter().filter(|r| r.at > took_over && WRITES.contains(&r.verb.as_str())).collect();
+    // Its own fence: each write is made only while the fence holds, and it
+    // did not when the old leader resumed; what can still arrive is a
+    // request that had passed its check when the pause came — at most one
+    // per worker and one Event, sent the moment it resumed.
+    let in_flight_at_most = 16 + 1;
+    let after_resuming = late.iter().filter(|r| r.at > resumed + std::time::Duration::from_secs(1)).count();
+    assert!(
+        late.len() <= in_flight_at_most && after_resuming == 0,
+        "the old leader ({old}) went on writing after {new} took over: {late:?}"
+    );
+    // The API server's fence: none of it admitted.
     let admitted: Vec<_> = late.iter().filter(|r| r.code.is_none_or(|c| c < 400)).collect();
-    // What the old leader still sent is what had passed its own fence when
-    // the pause came; the API server refuses all of it.
     println!("old leader's writes after the takeover: {} sent, {} admitted", late.len(), admitted.len());
     assert!(
         admitted.is_empty(),
         "the API server admitted writes of {old}'s replica after {new} took over: {admitted:?}"
     );
-    // The refusal of the write made with its token, as the audit log has it.
-    let mut by_old_pod =
-        audited_by(&ns.name, DEPLOY_USER).into_iter().filter(|r| r.pod.as_deref() == Some(old.as_str()));
-    assert!(by_old_pod.any(|r| r.at > took_over && r.code == Some(403)), "its refusal in the audit log");
 }
 
 #[tokio::test]

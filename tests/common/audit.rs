@@ -35,11 +35,6 @@ pub fn audited(namespace: &str, user_agent: &str) -> Vec<Audited> {
     records(user_agent, namespace, "-")
 }
 
-/// Every request `user` made in `namespace`, whatever its client.
-pub fn audited_by(namespace: &str, user: &str) -> Vec<Audited> {
-    records("-", namespace, user)
-}
-
 /// Every request `user` made (or someone impersonating it), in any namespace.
 pub fn audited_as(user: &str) -> Vec<Audited> {
     records("-", "-", user)
