@@ -17,6 +17,7 @@ use kube::{Api, ResourceExt};
 use sample_controller::Foo;
 use sample_controller::decision::decide;
 use sample_controller::deployment::desired_deployment;
+use sample_controller::shard::UNSHARDED;
 
 mod support;
 
@@ -56,8 +57,8 @@ async fn converge(
     deployments: &Api<k8s_openapi::api::apps::v1::Deployment>,
     foo: &Foo,
 ) -> kube::Result<()> {
-    let plan = decide(foo, None, &[], &Time(Timestamp::now()));
-    let desired = desired_deployment(foo).expect("a valid Foo");
+    let plan = decide(foo, None, &[], UNSHARDED, &Time(Timestamp::now()));
+    let desired = desired_deployment(foo, UNSHARDED).expect("a valid Foo");
     let pp = PostParams { field_manager: Some("sample-controller-floor".into()), ..PostParams::default() };
     deployments.create(&pp, &desired).await?;
     let patch = serde_json::json!({ "status": plan.status });

@@ -140,6 +140,8 @@ pub fn adoption_patch(
         resource_version: meta.resource_version.clone(),
         replicas: None,
         adopt: true,
+        // The sync that follows moves it into its Foo's shard, if need be.
+        relabel: Default::default(),
     })
 }
 

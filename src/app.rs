@@ -50,6 +50,10 @@ pub enum Error {
     #[error("metrics TLS: {0}")]
     Tls(#[from] TlsError),
 
+    /// The shard selector and the Lease name give no valid Lease name.
+    #[error("--shard-selector: {0}")]
+    Shard(String),
+
     /// A listener for metrics or probes could not be bound.
     #[error(transparent)]
     Http(#[from] BindError),
@@ -75,7 +79,9 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     let readiness = Arc::new(Readiness::default());
     serve_endpoints(&cli, &client, &metrics, &readiness).await?;
 
-    let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers };
+    let shard = cli.shard_selector.clone().unwrap_or_default();
+    let lease_name = shard.lease_name(&cli.leader_election_id).map_err(Error::Shard)?;
+    let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers, shard };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(client::api(&client, settings.namespace.as_deref()), cli.workers.into()));
     let identity = default_identity();
@@ -86,7 +92,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         return Ok(());
     }
     let lease = LeaderConfig {
-        lease_name: cli.leader_election_id.clone(),
+        lease_name,
         namespace: cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned()),
         identity,
         lease_duration: cli.leader_elect_lease_duration,

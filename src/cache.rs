@@ -44,6 +44,7 @@ use tokio::sync::watch;
 
 use crate::deployment::DeploymentView;
 use crate::foo::Foo;
+use crate::shard::Shard;
 use index::{ByController, controller_uid};
 use own_writes::OwnWrites;
 
@@ -53,6 +54,9 @@ pub struct Caches {
     pub foos: Arc<Cache<Foo>>,
     /// Only the Deployments labelled as made by this controller.
     pub deployments: Arc<Cache<DeploymentView>>,
+    /// The shard both caches are narrowed to, whose labels the Deployments
+    /// follow from their Foos.
+    pub shard: Shard,
 }
 
 impl Caches {
@@ -64,11 +68,14 @@ impl Caches {
     }
 }
 
+/// How a cache trims what it keeps.
+type Trim<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
+
 /// A reflector store of `K`, plus our own writes it has not seen yet.
 pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
     store: Store<K>,
     /// What is dropped from every object before it is kept.
-    trim: fn(&mut K),
+    trim: Trim<K>,
     written: Mutex<OwnWrites<K>>,
     controlled: Mutex<ByController<K>>,
     /// Set once the first full list is stored; any number may wait on it.
@@ -81,9 +88,10 @@ where
 {
     /// An empty cache of objects trimmed by `trim`, and the writer that
     /// [`Cache::reflect`] fills it with.
-    pub fn new(trim: fn(&mut K)) -> (Arc<Self>, Writer<K>) {
+    pub fn new(trim: impl Fn(&mut K) + Send + Sync + 'static) -> (Arc<Self>, Writer<K>) {
         let (store, writer) = reflector::store();
         let synced = watch::Sender::new(false);
+        let trim: Trim<K> = Arc::new(trim);
         let cache = Cache { store, trim, written: Mutex::default(), controlled: Mutex::default(), synced };
         (Arc::new(cache), writer)
     }
@@ -95,8 +103,8 @@ where
         writer: Writer<K>,
         events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
     ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
-        let cache = self.clone();
-        reflector(writer, events.modify(self.trim)).inspect(move |event| {
+        let (cache, trim) = (self.clone(), self.trim.clone());
+        reflector(writer, events.modify(move |obj| trim(obj))).inspect(move |event| {
             if let Ok(event) = event {
                 cache.observe(event);
             }
@@ -185,19 +193,26 @@ where
     }
 }
 
-/// Keep what a sync reads of a Deployment: identity, owner, deletion, and
-/// whether it carries our label (the view itself holds only `spec.replicas`
-/// and `status.availableReplicas`).
-pub fn trim_deployment(d: &mut DeploymentView) {
-    trim_metadata(d);
-    d.managed = d.is_managed();
-    d.metadata.labels = None;
+/// Keep what a sync reads of a Deployment: identity, owner, deletion,
+/// whether it carries our label, and the labels it follows its Foo's shard
+/// by (the view itself holds only `spec.replicas` and
+/// `status.availableReplicas`).
+pub fn trim_deployment(shard: &Shard) -> impl Fn(&mut DeploymentView) + Send + Sync + 'static {
+    let shard = shard.clone();
+    move |d| {
+        trim_metadata(d);
+        d.managed = d.is_managed();
+        shard.keep_followed(&mut d.metadata.labels);
+    }
 }
 
-/// Keep a Foo's spec, status and identity.
-pub fn trim_foo(foo: &mut Foo) {
-    trim_metadata(foo);
-    foo.metadata.labels = None;
+/// Keep a Foo's spec, status, identity and the labels its Deployment follows.
+pub fn trim_foo(shard: &Shard) -> impl Fn(&mut Foo) + Send + Sync + 'static {
+    let shard = shard.clone();
+    move |foo| {
+        trim_metadata(foo);
+        shard.keep_followed(&mut foo.metadata.labels);
+    }
 }
 
 fn trim_metadata<K: Resource>(obj: &mut K) {
@@ -225,7 +240,7 @@ mod tests {
         ours.status = Some(crate::FooStatus { available_replicas: 1, ..Default::default() });
         let mut edited = ours.clone();
         edited.metadata.resource_version = Some("102".into());
-        let (cache, writer) = Cache::new(trim_foo);
+        let (cache, writer) = Cache::new(trim_foo(&Shard::all()));
         let (events, stream) = futures::channel::mpsc::unbounded();
         let drained = tokio::spawn(cache.reflect(writer, stream).for_each(|_| async {}));
         for event in [watcher::Event::Init, watcher::Event::InitApply(before.clone()), watcher::Event::InitDone] {
@@ -249,7 +264,7 @@ mod tests {
         let a1 = DeploymentView::owned_by(&a);
         let a2 = DeploymentView::owned_by(&a.clone().deployment("a2"));
         let b1 = DeploymentView::owned_by(&b);
-        let (cache, writer) = Cache::new(trim_deployment);
+        let (cache, writer) = Cache::new(trim_deployment(&Shard::all()));
         let (events, stream) = futures::channel::mpsc::unbounded();
         let drained = tokio::spawn(cache.reflect(writer, stream).for_each(|_| async {}));
         let send = |e| events.unbounded_send(Ok(e)).unwrap();
@@ -283,7 +298,7 @@ mod tests {
             Some([("kubectl.kubernetes.io/last-applied-configuration".into(), "{}".into())].into());
         // Decoded from the API server's JSON, as the watch does.
         let mut d: DeploymentView = serde_json::from_value(serde_json::to_value(&full).unwrap()).unwrap();
-        trim_deployment(&mut d);
+        trim_deployment(&Shard::all())(&mut d);
         assert!(crate::deployment::is_controlled_by(&d, &f));
         assert_eq!((d.spec_replicas(), d.available_replicas()), (2, 1));
         assert_eq!(d.resource_version().as_deref(), Some("200"));
@@ -291,7 +306,21 @@ mod tests {
         assert!(d.is_managed(), "that it carried our label is kept without the labels");
         assert!(!serde_json::to_string(&d).unwrap().contains("template"), "the pod template is not kept");
         let mut upstreams = DeploymentView::made_by_upstream(&f);
-        trim_deployment(&mut upstreams);
+        trim_deployment(&Shard::all())(&mut upstreams);
         assert!(!upstreams.is_managed());
+    }
+
+    #[test]
+    fn a_shards_caches_keep_the_labels_its_deployments_follow_and_no_others() {
+        let shard = Shard::parse("shard=a").unwrap();
+        let f = Foo::test("f").label("shard", "a").label("team", "x");
+        let mut d = DeploymentView::owned_by(&f);
+        d.metadata.labels.get_or_insert_default().insert("shard".into(), "a".into());
+        trim_deployment(&shard)(&mut d);
+        assert_eq!(d.metadata.labels, Some([("shard".to_owned(), "a".to_owned())].into()));
+        assert!(d.is_managed());
+        let mut foo = f.clone();
+        trim_foo(&shard)(&mut foo);
+        assert_eq!(foo.metadata.labels, Some([("shard".to_owned(), "a".to_owned())].into()));
     }
 }

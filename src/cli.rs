@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::shard::Shard;
 use crate::telemetry::LogFormat;
 
 /// Default `--workers`. Upstream's 2 (from 2017) halves convergence: on the
@@ -37,6 +38,13 @@ pub struct Cli {
     /// Watch Foos in this namespace only (default: all namespaces).
     #[arg(long, env = "SAMPLE_CONTROLLER_NAMESPACE", value_name = "NAMESPACE")]
     pub namespace: Option<String>,
+
+    /// Reconcile only the Foos whose labels match this selector (kubectl's -l grammar:
+    /// 'shard=a', '!shard' for the Foos of no shard); their Deployments carry the Foo's
+    /// values of the keys it names, and the Lease is named after it
+    /// (--leader-election-id + '-shard-a'), so each shard elects its own leader.
+    #[arg(long, env = "SAMPLE_CONTROLLER_SHARD_SELECTOR", value_name = "SELECTOR", value_parser = Shard::parse)]
+    pub shard_selector: Option<Shard>,
 
     /// Foos reconciled concurrently. A sync makes no reads and at most a few
     /// writes, so it mostly waits on round trips; the API server's Priority

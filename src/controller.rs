@@ -3,6 +3,7 @@
 //! by kube-runtime's `Controller` ([`crate::sync`] carries a sync out and
 //! times a failed one's retry).
 
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use crate::client::api;
 use crate::deployment::{DeploymentView, controlling_foo, managed_selector};
 use crate::error::SyncError;
 use crate::foo::Foo;
+use crate::shard::Shard;
 use crate::sync::{Context, error_policy, reconcile};
 use crate::watch::watch;
 use crate::workqueue::{QueueMetrics, queue_key};
@@ -30,6 +32,9 @@ pub struct Settings {
     pub namespace: Option<String>,
     /// Foos reconciled at once (upstream's `threadiness`; `--workers`).
     pub workers: u16,
+    /// The Foos this instance owns (`--shard-selector`), and with them the
+    /// Deployments that follow them.
+    pub shard: Shard,
 }
 
 /// The controller's own backoff over all its triggers: none, as each watch
@@ -55,10 +60,14 @@ impl Backoff for EachWatchBacksOff {
 pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> (Controller<Foo>, Caches) {
     // Lists in pages of 500 (kube-runtime's default); kube sends no
     // resourceVersion=0 with a page size, so they are consistent reads.
-    let foo_watch = watcher::Config::default();
-    let deployment_watch = watcher::Config::default().labels(&managed_selector());
-    let (foos, foo_writer) = Cache::new(trim_foo);
-    let (deployments, deployment_writer) = Cache::new(trim_deployment);
+    let shard = &settings.shard;
+    let foo_watch = match shard.selector() {
+        Some(selector) => watcher::Config::default().labels(&selector),
+        None => watcher::Config::default(),
+    };
+    let deployment_watch = watcher::Config::default().labels(&shard.narrow(&managed_selector()));
+    let (foos, foo_writer) = Cache::new(trim_foo(shard));
+    let (deployments, deployment_writer) = Cache::new(trim_deployment(shard));
     let foo_events = watch(api::<Foo>(client, settings.namespace.as_deref()), foo_watch);
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
     let deployment_events = watch(api::<DeploymentView>(client, settings.namespace.as_deref()), deployment_watch)
@@ -69,12 +78,13 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
         });
     // What triggers a sync, counted as the workqueue's adds. A Foo's own
     // status write changes its resourceVersion, not its generation: it wakes
-    // no sync (the first sight of each Foo does).
+    // no sync (the first sight of each Foo does, and a change of the labels
+    // its Deployment follows).
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
     let foo_triggers = foos
         .reflect(foo_writer, foo_events)
         .applied_objects()
-        .predicate_filter(predicates::generation, Default::default())
+        .predicate_filter(generation_and_shard, Default::default())
         .inspect(move |foo| {
             if let Ok(foo) = foo {
                 q1.added(queue_key(&ObjectRef::from_obj(foo)));
@@ -94,7 +104,18 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
         .reconcile_on(freed_triggers)
         .trigger_backoff(EachWatchBacksOff)
         .with_config(ControllerConfig::default().concurrency(settings.workers));
-    (controller, Caches { foos, deployments })
+    (controller, Caches { foos, deployments, shard: shard.clone() })
+}
+
+/// kube-runtime's generation predicate, and the labels of the Foo its
+/// Deployment follows (all the cache keeps): a Foo relabelled within its
+/// shard has its Deployment relabelled too.
+fn generation_and_shard(foo: &Foo) -> Option<u64> {
+    let generation = predicates::generation(foo)?;
+    let Some(labels) = &foo.metadata.labels else { return Some(generation) };
+    let mut hasher = std::hash::DefaultHasher::new();
+    (generation, labels).hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// The Foos that name a Deployment of ours which was just deleted: one

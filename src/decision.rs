@@ -15,6 +15,7 @@ use kube::{Resource, ResourceExt};
 use crate::constants::*;
 use crate::deployment::{DeploymentView, desired_deployment, is_controlled_by};
 use crate::foo::{Foo, FooStatus};
+use crate::shard::FollowedLabels;
 
 /// The one write the sync makes to the Deployment named by the Foo.
 #[derive(Clone, Debug, PartialEq)]
@@ -43,6 +44,10 @@ pub struct DeploymentPatch {
     /// controller (or lost the label), so our label-filtered watch cannot
     /// see it. A metadata-only change: no rollout, no pod replaced.
     pub adopt: bool,
+    /// The shard labels to set (`None`: remove) so that the Deployment
+    /// follows its Foo into the Foo's shard ([`crate::shard`]); metadata
+    /// only, as `adopt`.
+    pub relabel: FollowedLabels,
 }
 
 impl DeploymentPatch {
@@ -51,8 +56,15 @@ impl DeploymentPatch {
         let mut body = serde_json::json!({
             "metadata": { "uid": self.uid, "resourceVersion": self.resource_version },
         });
+        let mut labels = serde_json::Map::new();
         if self.adopt {
-            body["metadata"]["labels"] = serde_json::json!({ LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE });
+            labels.insert(LABEL_MANAGED_BY.to_owned(), LABEL_MANAGED_BY_VALUE.into());
+        }
+        for (key, value) in &self.relabel {
+            labels.insert(key.clone(), value.clone().into());
+        }
+        if !labels.is_empty() {
+            body["metadata"]["labels"] = labels.into();
         }
         if let Some(replicas) = self.replicas {
             body["spec"] = serde_json::json!({ "replicas": replicas });
@@ -116,10 +128,18 @@ impl Plan {
 ///   it is missing.
 /// - `owned`: cached Deployments of the Foo's namespace; those the Foo
 ///   controls under another name are deleted once the current one is ours.
+/// - `followed`: the labels of the Foo its Deployment carries too, so it
+///   stays in the Foo's shard ([`crate::shard::Shard::follow`]).
 /// - `now`: the time stamped on a condition that changes status.
-pub fn decide(foo: &Foo, current: Option<&DeploymentView>, owned: &[Arc<DeploymentView>], now: &Time) -> Plan {
+pub fn decide(
+    foo: &Foo,
+    current: Option<&DeploymentView>,
+    owned: &[Arc<DeploymentView>],
+    followed: &FollowedLabels,
+    now: &Time,
+) -> Plan {
     let name = &foo.spec.deployment_name;
-    let Some(desired) = desired_deployment(foo) else {
+    let Some(desired) = desired_deployment(foo, followed) else {
         // Only an older CRD without validation admits this. Upstream logs
         // and drops the item; we also tell the user, on the Foo itself.
         return refusal(foo, REASON_INVALID_SPEC, MESSAGE_EMPTY_DEPLOYMENT_NAME.to_owned(), Outcome::InvalidSpec, now);
@@ -140,7 +160,7 @@ pub fn decide(foo: &Foo, current: Option<&DeploymentView>, owned: &[Arc<Deployme
         Some(d) => {
             let want = foo.spec.replicas.unwrap_or_else(|| d.spec_replicas());
             let available = d.available_replicas();
-            (patch(foo, d), available, availability(name, available, want))
+            (patch(foo, d, followed), available, availability(name, available, want))
         }
     };
     let mut plan = Plan {
@@ -172,11 +192,13 @@ fn refusal(foo: &Foo, reason: &'static str, message: String, outcome: Outcome, n
 
 /// Patch our Deployment `d`: its replicas when the Foo asks for others, our
 /// label when it lacks it (made by upstream's controller, or removed by
-/// someone) — both in one request.
-fn patch(foo: &Foo, d: &DeploymentView) -> DeploymentAction {
+/// someone), the shard labels when the Foo moved to another shard — all in
+/// one request.
+fn patch(foo: &Foo, d: &DeploymentView, followed: &FollowedLabels) -> DeploymentAction {
     let replicas = foo.spec.replicas.filter(|want| *want != d.spec_replicas());
     let adopt = !d.is_managed();
-    if replicas.is_none() && !adopt {
+    let relabel = d.relabelling(followed);
+    if replicas.is_none() && !adopt && relabel.is_empty() {
         return DeploymentAction::Keep;
     }
     DeploymentAction::Patch(DeploymentPatch {
@@ -185,6 +207,7 @@ fn patch(foo: &Foo, d: &DeploymentView) -> DeploymentAction {
         resource_version: d.resource_version(),
         replicas,
         adopt,
+        relabel,
     })
 }
 
@@ -253,6 +276,7 @@ fn normal(reason: &'static str, message: String) -> EventSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::{Shard, UNSHARDED};
     use crate::testing::{DeploymentFixture, FooFixture};
     use k8s_openapi::jiff::Timestamp;
 
@@ -273,11 +297,11 @@ mod tests {
     #[test]
     fn creates_deployment_when_missing() {
         let foo = Foo::test("example-foo").replicas(1);
-        let plan = decide(&foo, None, &[], &now());
+        let plan = decide(&foo, None, &[], UNSHARDED, &now());
         let DeploymentAction::Create(d) = &plan.deployment else {
             panic!("expected a create, got {:?}", plan.deployment)
         };
-        assert_eq!(**d, desired_deployment(&foo).unwrap());
+        assert_eq!(**d, desired_deployment(&foo, UNSHARDED).unwrap());
         let status = plan.status.as_ref().expect("status is written after a create");
         assert_eq!(status.available_replicas, 0);
         assert_eq!(status.observed_generation, Some(1));
@@ -291,10 +315,10 @@ mod tests {
         // The Deployment's creation (and the Deployment controller's status
         // updates until a pod is available) must not cost a second write.
         let foo = Foo::test("example-foo").replicas(2);
-        let created = decide(&foo, None, &[], &now());
+        let created = decide(&foo, None, &[], UNSHARDED, &now());
         let foo = with_status(foo, &created);
         let d = DeploymentView::owned_by(&foo).replicas(2).available(0);
-        let next = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
+        let next = decide(&foo, Some(&d), &[Arc::new(d.clone())], UNSHARDED, &now());
         assert!(!next.writes(), "{next:?}");
         assert!(next.events.is_empty());
     }
@@ -304,14 +328,14 @@ mod tests {
         let foo = Foo::test("example-foo").replicas(2);
         let d = DeploymentView::owned_by(&foo).replicas(2).available(2);
         // First sync records the status...
-        let first = decide(&foo, Some(&d), &[Arc::new(d.clone())], &now());
+        let first = decide(&foo, Some(&d), &[Arc::new(d.clone())], UNSHARDED, &now());
         assert_eq!(first.deployment, DeploymentAction::Keep);
         assert!(first.status.is_some());
         // ...and the next one, with that status in place, writes nothing and
         // emits nothing, even at a later time.
         let foo = with_status(foo, &first);
         let later = Time(Timestamp::from_second(1_800_000_600).unwrap());
-        let plan = decide(&foo, Some(&d), &[Arc::new(d.clone())], &later);
+        let plan = decide(&foo, Some(&d), &[Arc::new(d.clone())], UNSHARDED, &later);
         assert!(!plan.writes(), "in-sync Foo must not write: {plan:?}");
         assert!(plan.events.is_empty(), "in-sync Foo must not emit events: {plan:?}");
         assert_eq!(plan.outcome, Outcome::Synced);
@@ -321,11 +345,11 @@ mod tests {
     fn a_deployment_scaled_by_hand_under_a_current_status_is_put_back_with_a_synced_event() {
         let foo = Foo::test("example-foo").replicas(2);
         let d = DeploymentView::owned_by(&foo).replicas(2).available(2);
-        let foo = with_status(foo.clone(), &decide(&foo, Some(&d), &[], &now()));
+        let foo = with_status(foo.clone(), &decide(&foo, Some(&d), &[], UNSHARDED, &now()));
         // Scaled to 5 by hand, still 2 available: the Foo's status stays
         // right, only the Deployment needs a write.
         let scaled = DeploymentView::owned_by(&foo).replicas(5).available(2);
-        let plan = decide(&foo, Some(&scaled), &[], &now());
+        let plan = decide(&foo, Some(&scaled), &[], UNSHARDED, &now());
         assert!(matches!(plan.deployment, DeploymentAction::Patch(_)), "{plan:?}");
         assert_eq!(plan.status, None);
         assert!(plan.writes());
@@ -336,7 +360,7 @@ mod tests {
     fn updates_deployment_replicas_when_they_differ() {
         let foo = Foo::test("example-foo").replicas(3);
         let d = DeploymentView::owned_by(&foo).replicas(1).available(1);
-        let plan = decide(&foo, Some(&d), &[], &now());
+        let plan = decide(&foo, Some(&d), &[], UNSHARDED, &now());
         assert_eq!(
             plan.deployment,
             DeploymentAction::Patch(DeploymentPatch {
@@ -345,6 +369,7 @@ mod tests {
                 resource_version: Some("200".into()),
                 replicas: Some(3),
                 adopt: false,
+                relabel: Default::default(),
             })
         );
         assert_eq!(reasons(&plan), vec![REASON_SYNCED]);
@@ -353,11 +378,64 @@ mod tests {
         assert_eq!(status.conditions[0].status, "False", "1/3 available is not ready");
     }
 
+    /// A Deployment of `foo` as the shard `labels` made it.
+    fn in_shard(foo: &Foo, labels: &[(&str, &str)]) -> DeploymentView {
+        let mut d = DeploymentView::owned_by(foo).replicas(1).available(1);
+        let map = d.metadata.labels.get_or_insert_default();
+        map.extend(labels.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        d
+    }
+
+    #[test]
+    fn a_sharded_foos_deployment_is_created_with_the_foos_shard_label() {
+        let shard = Shard::parse("shard=a").unwrap();
+        let foo = Foo::test("example-foo").label("shard", "a").label("team", "x");
+        let plan = decide(&foo, None, &[], &shard.follow(foo.metadata.labels.as_ref()), &now());
+        let DeploymentAction::Create(d) = &plan.deployment else { panic!("expected a create, got {plan:?}") };
+        let labels = d.metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.get("shard").map(String::as_str), Some("a"));
+        assert!(!labels.contains_key("team"), "only the labels the selector names");
+        let pods = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.as_ref().unwrap();
+        assert!(!pods.contains_key("shard"), "not on the pods: moving shards never rolls them");
+    }
+
+    #[test]
+    fn a_foo_moved_to_another_shard_has_its_deployment_relabelled_and_nothing_else() {
+        let shard = Shard::parse("shard=b").unwrap();
+        let foo = Foo::test("example-foo").label("shard", "b");
+        let d = in_shard(&foo, &[("shard", "a")]);
+        let plan = decide(&foo, Some(&d), &[], &shard.follow(foo.metadata.labels.as_ref()), &now());
+        let DeploymentAction::Patch(patch) = &plan.deployment else { panic!("expected a patch, got {plan:?}") };
+        assert_eq!(
+            patch.body(),
+            serde_json::json!({ "metadata": {
+                "uid": "uid-deploy-example-foo",
+                "resourceVersion": "200",
+                "labels": { "shard": "b" },
+            }}),
+            "metadata only, conditional on the object checked"
+        );
+        let moved = in_shard(&foo, &[("shard", "b")]);
+        let again = decide(&foo, Some(&moved), &[], &shard.follow(foo.metadata.labels.as_ref()), &now());
+        assert_eq!(again.deployment, DeploymentAction::Keep, "in its shard: nothing to write");
+    }
+
+    #[test]
+    fn a_foo_moved_to_the_shard_of_unlabelled_foos_has_the_label_removed_from_its_deployment() {
+        let shard = Shard::parse("!shard").unwrap();
+        let foo = Foo::test("example-foo");
+        let d = in_shard(&foo, &[("shard", "a")]);
+        let plan = decide(&foo, Some(&d), &[], &shard.follow(foo.metadata.labels.as_ref()), &now());
+        let DeploymentAction::Patch(patch) = &plan.deployment else { panic!("expected a patch, got {plan:?}") };
+        assert_eq!(patch.body()["metadata"]["labels"], serde_json::json!({ "shard": null }));
+        assert_eq!(patch.replicas, None);
+    }
+
     #[test]
     fn a_deployment_made_by_upstream_is_adopted_with_a_label_only_patch() {
         let foo = Foo::test("example-foo").replicas(2);
         let d = DeploymentView::made_by_upstream(&foo).replicas(2).available(2);
-        let plan = decide(&foo, Some(&d), &[], &now());
+        let plan = decide(&foo, Some(&d), &[], UNSHARDED, &now());
         let DeploymentAction::Patch(patch) = &plan.deployment else { panic!("expected a patch, got {plan:?}") };
         assert_eq!(
             patch.body(),
@@ -376,7 +454,9 @@ mod tests {
     fn adopting_and_scaling_an_upstream_deployment_is_one_patch() {
         let foo = Foo::test("example-foo").replicas(3);
         let d = DeploymentView::made_by_upstream(&foo).replicas(1);
-        let DeploymentAction::Patch(patch) = decide(&foo, Some(&d), &[], &now()).deployment else { panic!() };
+        let DeploymentAction::Patch(patch) = decide(&foo, Some(&d), &[], UNSHARDED, &now()).deployment else {
+            panic!()
+        };
         assert_eq!(patch.body()["spec"], serde_json::json!({ "replicas": 3 }));
         assert_eq!(patch.body()["metadata"]["labels"][LABEL_MANAGED_BY], LABEL_MANAGED_BY_VALUE);
     }
@@ -385,7 +465,7 @@ mod tests {
     fn an_unlabelled_deployment_of_another_owner_is_never_adopted() {
         let foo = Foo::test("example-foo").replicas(1);
         let someone_elses = DeploymentView::made_by_upstream(&foo.clone().uid("uid-predecessor"));
-        let plan = decide(&foo, Some(&someone_elses), &[], &now());
+        let plan = decide(&foo, Some(&someone_elses), &[], UNSHARDED, &now());
         assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
     }
@@ -394,7 +474,7 @@ mod tests {
     fn unset_replicas_leave_the_deployment_replicas_alone() {
         let foo = Foo::test("example-foo").unset_replicas();
         let d = DeploymentView::owned_by(&foo).replicas(4).available(4);
-        let plan = decide(&foo, Some(&d), &[], &now());
+        let plan = decide(&foo, Some(&d), &[], UNSHARDED, &now());
         assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert_eq!(plan.status.unwrap().conditions[0].status, "True");
     }
@@ -403,7 +483,7 @@ mod tests {
     fn not_controlled_by_us_is_refused_without_touching_it() {
         let foo = Foo::test("example-foo").replicas(3);
         let d = DeploymentView::foreign("example-foo").replicas(1);
-        let plan = decide(&foo, Some(&d), &[], &now());
+        let plan = decide(&foo, Some(&d), &[], UNSHARDED, &now());
         assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert!(plan.delete.is_empty());
         assert_eq!(plan.events.len(), 1);
@@ -421,7 +501,7 @@ mod tests {
         let d = DeploymentView::owned_by(&old).replicas(1).available(1);
         let mut new = old.clone();
         new.metadata.uid = Some("uid-recreated".into());
-        let plan = decide(&new, Some(&d), &[Arc::new(d.clone())], &now());
+        let plan = decide(&new, Some(&d), &[Arc::new(d.clone())], UNSHARDED, &now());
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "example-foo".into() });
         assert!(plan.delete.is_empty());
     }
@@ -430,10 +510,10 @@ mod tests {
     fn status_follows_the_deployment_available_replicas() {
         let foo = Foo::test("example-foo").replicas(2);
         let d = DeploymentView::owned_by(&foo).replicas(2).available(0);
-        let first = decide(&foo, Some(&d), &[], &now());
+        let first = decide(&foo, Some(&d), &[], UNSHARDED, &now());
         let foo = with_status(foo, &first);
         let ready = DeploymentView::owned_by(&foo).replicas(2).available(2);
-        let plan = decide(&foo, Some(&ready), &[], &now());
+        let plan = decide(&foo, Some(&ready), &[], UNSHARDED, &now());
         assert_eq!(plan.deployment, DeploymentAction::Keep);
         let status = plan.status.as_ref().unwrap();
         assert_eq!(status.available_replicas, 2);
@@ -446,9 +526,9 @@ mod tests {
     fn a_new_generation_is_recorded_in_status() {
         let foo = Foo::test("example-foo").replicas(2);
         let d = DeploymentView::owned_by(&foo).replicas(2).available(2);
-        let mut foo = with_status(foo.clone(), &decide(&foo, Some(&d), &[], &now()));
+        let mut foo = with_status(foo.clone(), &decide(&foo, Some(&d), &[], UNSHARDED, &now()));
         foo.metadata.generation = Some(2);
-        let plan = decide(&foo, Some(&d), &[], &now());
+        let plan = decide(&foo, Some(&d), &[], UNSHARDED, &now());
         let status = plan.status.unwrap();
         assert_eq!(status.observed_generation, Some(2));
         assert_eq!(status.conditions[0].observed_generation, Some(2));
@@ -462,14 +542,14 @@ mod tests {
         let t2 = Time(Timestamp::from_second(1_800_000_200).unwrap());
         let foo = with_status(
             foo.clone(),
-            &decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(0)), &[], &t0),
+            &decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(0)), &[], UNSHARDED, &t0),
         );
         // 0 -> 1 available: still False, time kept.
-        let plan = decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(1)), &[], &t1);
+        let plan = decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(1)), &[], UNSHARDED, &t1);
         let foo = with_status(foo, &plan);
         assert_eq!(foo.status.as_ref().unwrap().conditions[0].last_transition_time, t0);
         // 1 -> 2 available: flips to True, time moves.
-        let plan = decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(2)), &[], &t2);
+        let plan = decide(&foo, Some(&DeploymentView::owned_by(&foo).replicas(2).available(2)), &[], UNSHARDED, &t2);
         assert_eq!(plan.status.unwrap().conditions[0].last_transition_time, t2);
     }
 
@@ -480,7 +560,7 @@ mod tests {
         let mut other = ready(true, "X", "set by another tool");
         other.type_ = "Audited".into();
         foo.status = Some(FooStatus { conditions: vec![other.clone()], ..Default::default() });
-        let status = decide(&foo, Some(&d), &[], &now()).status.unwrap();
+        let status = decide(&foo, Some(&d), &[], UNSHARDED, &now()).status.unwrap();
         assert_eq!(status.conditions.len(), 2);
         assert_eq!(status.conditions[0], other);
         assert_eq!(status.conditions[1].type_, "Ready");
@@ -494,7 +574,7 @@ mod tests {
         after.spec.deployment_name = "new-name".into();
         after.metadata.generation = Some(2);
         // The new one does not exist yet: create it and drop the old one.
-        let plan = decide(&after, None, &[Arc::new(old.clone())], &now());
+        let plan = decide(&after, None, &[Arc::new(old.clone())], UNSHARDED, &now());
         assert!(matches!(plan.deployment, DeploymentAction::Create(_)));
         assert_eq!(plan.delete, vec![StaleDeployment { name: "old-name".into(), uid: old.metadata.uid.clone() }]);
         assert_eq!(reasons(&plan), vec![REASON_DELETED_OLD, REASON_SYNCED]);
@@ -506,7 +586,8 @@ mod tests {
         let old = DeploymentView::owned_by(&before).replicas(1).available(1);
         let mut after = before.clone();
         after.spec.deployment_name = "taken".into();
-        let plan = decide(&after, Some(&DeploymentView::foreign("taken").replicas(1)), &[Arc::new(old)], &now());
+        let plan =
+            decide(&after, Some(&DeploymentView::foreign("taken").replicas(1)), &[Arc::new(old)], UNSHARDED, &now());
         assert!(plan.delete.is_empty(), "keep serving until the new Deployment is ours");
         assert_eq!(plan.outcome, Outcome::ResourceExists { deployment: "taken".into() });
     }
@@ -523,14 +604,15 @@ mod tests {
             .replicas(1)
             .available(1);
         terminating.metadata.deletion_timestamp = Some(now());
-        let plan = decide(&foo_, Some(&current), &[current.clone(), lookalike, terminating].map(Arc::new), &now());
+        let plan =
+            decide(&foo_, Some(&current), &[current.clone(), lookalike, terminating].map(Arc::new), UNSHARDED, &now());
         assert!(plan.delete.is_empty(), "{:?}", plan.delete);
     }
 
     #[test]
     fn empty_deployment_name_warns_and_waits_for_a_change() {
         let foo = Foo::test("example-foo").deployment("").replicas(1);
-        let plan = decide(&foo, None, &[], &now());
+        let plan = decide(&foo, None, &[], UNSHARDED, &now());
         assert_eq!(plan.deployment, DeploymentAction::Keep);
         assert_eq!(plan.outcome, Outcome::InvalidSpec);
         assert_eq!(plan.events.len(), 1);
@@ -539,7 +621,7 @@ mod tests {
         assert_eq!(plan.status.as_ref().unwrap().conditions[0].reason, REASON_INVALID_SPEC);
         // The next sync neither writes the status again nor repeats the event.
         let foo = with_status(foo, &plan);
-        let again = decide(&foo, None, &[], &now());
+        let again = decide(&foo, None, &[], UNSHARDED, &now());
         assert!(again.status.is_none() && again.events.is_empty(), "{again:?}");
     }
 }
@@ -552,6 +634,7 @@ mod tests {
 mod properties {
     use super::*;
     use crate::deployment::{ViewSpec, ViewStatus};
+    use crate::shard::UNSHARDED;
     use crate::testing::FooFixture;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use k8s_openapi::jiff::Timestamp;
@@ -696,7 +779,7 @@ mod properties {
         #[test]
         fn writes_only_what_the_foo_controls_and_a_second_decision_plans_nothing((foo, current, others) in world()) {
             let owned: Vec<Arc<DeploymentView>> = others.into_iter().map(Arc::new).collect();
-            let plan = decide(&foo, current.as_ref(), &owned, &now());
+            let plan = decide(&foo, current.as_ref(), &owned, UNSHARDED, &now());
 
             match &plan.deployment {
                 DeploymentAction::Create(_) => prop_assert!(current.is_none()),
@@ -716,7 +799,7 @@ mod properties {
 
             let (foo, current, owned) = carry_out(&foo, current.as_ref(), &owned, &plan);
             let later = Time(Timestamp::from_second(1_800_000_060).unwrap());
-            let again = decide(&foo, current.as_ref(), &owned, &later);
+            let again = decide(&foo, current.as_ref(), &owned, UNSHARDED, &later);
             prop_assert!(!again.writes() && again.events.is_empty(), "first {plan:?}\nthen {again:?}");
         }
     }

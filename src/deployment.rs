@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::constants::*;
 use crate::foo::{DEFAULT_REPLICAS, Foo};
+use crate::shard::FollowedLabels;
 
 /// Labels shared by the Deployment's selector and its pods: upstream's
 /// `app: nginx` and `controller: <foo name>`.
@@ -85,9 +86,10 @@ pub fn is_controlled_by<K: Resource>(deployment: &K, foo: &Foo) -> bool {
     controller_of(deployment).is_some_and(|r| r.uid == uid)
 }
 
-/// Upstream's `newDeployment`: the Deployment a Foo asks for. `None` when the
+/// Upstream's `newDeployment`: the Deployment a Foo asks for, carrying the
+/// `followed` labels of the Foo's shard ([`crate::shard`]). `None` when the
 /// Foo cannot own anything (no uid, or an empty deploymentName).
-pub fn desired_deployment(foo: &Foo) -> Option<Deployment> {
+pub fn desired_deployment(foo: &Foo, followed: &FollowedLabels) -> Option<Deployment> {
     let owner = owner_reference(foo)?;
     if foo.spec.deployment_name.is_empty() {
         return None;
@@ -96,6 +98,7 @@ pub fn desired_deployment(foo: &Foo) -> Option<Deployment> {
     let labels = selector_labels(&foo_name);
     let mut metadata_labels = labels.clone();
     metadata_labels.insert(LABEL_MANAGED_BY.to_owned(), LABEL_MANAGED_BY_VALUE.to_owned());
+    metadata_labels.extend(followed.iter().filter_map(|(k, v)| Some((k.clone(), v.clone()?))));
     Some(Deployment {
         metadata: ObjectMeta {
             name: Some(foo.spec.deployment_name.clone()),
@@ -204,6 +207,18 @@ impl DeploymentView {
         self.managed || has_managed_label(self)
     }
 
+    /// The `followed` labels whose value on this Deployment differs from its
+    /// Foo's, each with the Foo's value (`None`: remove it). Empty when the
+    /// Deployment is in its Foo's shard.
+    pub fn relabelling(&self, followed: &FollowedLabels) -> FollowedLabels {
+        let labels = self.metadata.labels.as_ref();
+        followed
+            .iter()
+            .filter(|(k, v)| labels.and_then(|l| l.get(*k)) != v.as_ref())
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+
     /// `status.availableReplicas`, 0 when not reported yet.
     pub fn available_replicas(&self) -> i32 {
         self.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0)
@@ -213,12 +228,13 @@ impl DeploymentView {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shard::UNSHARDED;
     use crate::testing::{DeploymentFixture, FooFixture};
 
     #[test]
     fn desired_deployment_matches_upstream_new_deployment() {
         let foo = Foo::test("example-foo").replicas(3);
-        let d = desired_deployment(&foo).unwrap();
+        let d = desired_deployment(&foo, UNSHARDED).unwrap();
         assert_eq!(d.metadata.name.as_deref(), Some("example-foo"));
         assert_eq!(d.metadata.namespace.as_deref(), Some("default"));
         let spec = d.spec.as_ref().unwrap();
@@ -246,7 +262,7 @@ mod tests {
 
     #[test]
     fn managed_by_label_is_on_the_deployment_but_not_on_pods_or_selector() {
-        let d = desired_deployment(&Foo::test("f").deployment("d").unset_replicas()).unwrap();
+        let d = desired_deployment(&Foo::test("f").deployment("d").unset_replicas(), UNSHARDED).unwrap();
         let meta_labels = d.metadata.labels.unwrap();
         assert_eq!(meta_labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(LABEL_MANAGED_BY_VALUE));
         let spec = d.spec.unwrap();
@@ -257,10 +273,10 @@ mod tests {
 
     #[test]
     fn no_deployment_for_an_empty_name_or_a_foo_without_uid() {
-        assert!(desired_deployment(&Foo::test("f").deployment("").replicas(1)).is_none());
+        assert!(desired_deployment(&Foo::test("f").deployment("").replicas(1), UNSHARDED).is_none());
         let mut no_uid = Foo::test("f").deployment("d").replicas(1);
         no_uid.metadata.uid = None;
-        assert!(desired_deployment(&no_uid).is_none());
+        assert!(desired_deployment(&no_uid, UNSHARDED).is_none());
     }
 
     #[test]
@@ -268,7 +284,7 @@ mod tests {
         let owner = Foo::test("f").deployment("d").replicas(1);
         let mut same_name_new_uid = owner.clone();
         same_name_new_uid.metadata.uid = Some("another-uid".into());
-        let ours = desired_deployment(&owner).unwrap();
+        let ours = desired_deployment(&owner, UNSHARDED).unwrap();
         assert!(is_controlled_by(&ours, &owner));
         assert!(!is_controlled_by(&ours, &same_name_new_uid));
         assert!(!is_controlled_by(&Deployment::foreign("d").replicas(1), &owner));

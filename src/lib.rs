@@ -11,8 +11,9 @@
 //!   over what upstream's controller made, [`leader`] elects the one replica
 //!   that writes;
 //! - the pure core: [`decision`] what a sync does, [`deployment`] the
-//!   Deployment a Foo asks for, [`foo`] the API type, [`error`] how a sync
-//!   fails, [`retry`] when to try again;
+//!   Deployment a Foo asks for, [`foo`] the API type, [`shard`] which Foos
+//!   an instance owns, [`error`] how a sync fails, [`retry`] when to try
+//!   again;
 //! - the plumbing: [`client`], [`metrics`] (with [`workqueue`] and
 //!   [`process`]), [`metrics_auth`], [`constants`].
 
@@ -35,6 +36,7 @@ pub mod metrics;
 pub mod metrics_auth;
 pub mod process;
 pub mod retry;
+pub mod shard;
 pub mod sync;
 pub mod telemetry;
 pub mod tls;

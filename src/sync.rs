@@ -28,6 +28,7 @@ use crate::foo::Foo;
 use crate::leader::{Fence, may_write};
 use crate::metrics::Metrics;
 use crate::retry::{BACKOFF_BASE, FIRST_RETRY, Failures, retry_delay};
+use crate::shard::FollowedLabels;
 use crate::workqueue::queue_key;
 
 /// Shared by all reconciles.
@@ -156,8 +157,9 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     let owned = foo.uid().map(|uid| ctx.caches.deployments.controlled_by(&uid)).unwrap_or_default();
     let now = Time(Timestamp::now());
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.namespace);
+    let followed = ctx.caches.shard.follow(foo.metadata.labels.as_ref());
 
-    let mut plan = decide(&foo, current.as_deref(), &owned, &now);
+    let mut plan = decide(&foo, current.as_deref(), &owned, &followed, &now);
     log_plan(&target, &plan);
     if write_deployment(&target, &deployments, &plan.deployment, current.as_deref(), ctx).await?
         == DeploymentWrite::NameTaken
@@ -169,7 +171,16 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
             .await
             .map_err(target.api_error(ApiAction::GetDeployment))?
             .map(DeploymentView::from);
-        plan = decide(&foo, existing.as_ref(), &owned, &now);
+        if existing.as_ref().is_some_and(|d| !d.relabelling(&followed).is_empty())
+            && moved_since_cached(&foo, &followed, &target, ctx).await?
+        {
+            // Our copy of the Foo is older than the shard labels its
+            // Deployment carries: the Foo left this shard (its new shard
+            // relabelled the Deployment), and our watch is about to say so.
+            // Moving the Deployment back would undo the new shard's work.
+            return Ok(Action::requeue(BACKOFF_BASE));
+        }
+        plan = decide(&foo, existing.as_ref(), &owned, &followed, &now);
         log_plan(&target, &plan);
         if write_deployment(&target, &deployments, &plan.deployment, existing.as_ref(), ctx).await?
             != DeploymentWrite::Done
@@ -193,6 +204,18 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
             Ok(Action::await_change())
         }
     }
+}
+
+/// True when the Foo, read afresh, no longer carries the labels our cached
+/// copy does: a Deployment in another shard than our copy of its Foo is one
+/// a newer Foo moved (a move *into* this shard reads the same labels twice).
+/// One read, only when a Deployment is to change shards.
+async fn moved_since_cached(foo: &Foo, followed: &FollowedLabels, target: &Target, ctx: &Context) -> Result<bool> {
+    let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
+    let fresh = foos.get_opt(&target.name).await.map_err(target.api_error(ApiAction::GetFoo))?;
+    Ok(fresh.is_none_or(|fresh| {
+        fresh.uid() != foo.uid() || ctx.caches.shard.follow(fresh.metadata.labels.as_ref()) != *followed
+    }))
 }
 
 fn log_plan(target: &Target, plan: &Plan) {
@@ -299,6 +322,9 @@ fn summary(plan: &Plan) -> String {
         DeploymentAction::Patch(p) => {
             if p.adopt {
                 parts.push(format!("adopt Deployment {}", p.name));
+            }
+            if !p.relabel.is_empty() {
+                parts.push(format!("move Deployment {} into this shard", p.name));
             }
             if let Some(replicas) = p.replicas {
                 parts.push(format!("scale Deployment {} to {replicas}", p.name));

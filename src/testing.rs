@@ -16,6 +16,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use crate::deployment::{DeploymentView, desired_deployment};
 use crate::foo::{Foo, FooSpec};
+use crate::shard::UNSHARDED;
 
 /// Builders of Foos.
 pub trait FooFixture: Sized {
@@ -29,6 +30,7 @@ pub trait FooFixture: Sized {
     fn unset_replicas(self) -> Self;
     fn generation(self, generation: i64) -> Self;
     fn uid(self, uid: &str) -> Self;
+    fn label(self, key: &str, value: &str) -> Self;
 }
 
 impl FooFixture for Foo {
@@ -63,6 +65,11 @@ impl FooFixture for Foo {
 
     fn uid(mut self, uid: &str) -> Self {
         self.metadata.uid = Some(uid.into());
+        self
+    }
+
+    fn label(mut self, key: &str, value: &str) -> Self {
+        self.metadata.labels.get_or_insert_default().insert(key.into(), value.into());
         self
     }
 }
@@ -102,7 +109,7 @@ pub trait DeploymentFixture: Sized {
 
 impl DeploymentFixture for Deployment {
     fn owned_by(foo: &Foo) -> Self {
-        let mut d = desired_deployment(foo).expect("the Foo must be able to own a Deployment");
+        let mut d = desired_deployment(foo, UNSHARDED).expect("the Foo must be able to own a Deployment");
         d.metadata.uid = Some(format!("uid-deploy-{}", foo.spec.deployment_name));
         d.metadata.resource_version = Some("200".into());
         d.spec.as_mut().unwrap().replicas = Some(foo.spec.desired_replicas());

@@ -26,6 +26,7 @@ use sample_controller::Foo;
 use sample_controller::constants::{FENCE_POLICY, USER_AGENT};
 use sample_controller::decision::{DeploymentAction, decide};
 use sample_controller::deployment::DeploymentView;
+use sample_controller::shard::UNSHARDED;
 use serde_json::json;
 
 /// One scenario at a time: they stop the plane everyone uses. (Under
@@ -161,7 +162,7 @@ async fn end_state(ns: &TestNamespace) -> Result<(), String> {
             ));
         }
         // And the controller's own rule agrees that nothing is left to do.
-        let next = decide(foo, Some(&DeploymentView::from((*d).clone())), &[], &Time(Timestamp::now()));
+        let next = decide(foo, Some(&DeploymentView::from((*d).clone())), &[], UNSHARDED, &Time(Timestamp::now()));
         if next.deployment != DeploymentAction::Keep || next.status.is_some() {
             return Err(format!("Foo {} not in sync: a sync would still {next:?}", foo.name_any()));
         }

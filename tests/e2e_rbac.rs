@@ -329,7 +329,10 @@ async fn the_service_account_has_no_verb_the_controller_does_not_use() {
 }
 
 /// The writes deploy/'s leader fence guards, made with `client` in `ns`:
-/// a Deployment create, a Foo status patch, an Event create. Each one's
+/// a Deployment create, patch and delete, a Foo status patch, an Event
+/// create and patch. The patches and the delete are of objects an admin
+/// made ([`fenced_targets`]); the delete is a dry run, which admission sees
+/// as a delete but which leaves the object for the next caller. Each one's
 /// refusal, if any.
 async fn guarded_writes(client: &kube::Client, ns: &TestNamespace, tag: &str) -> Vec<Option<kube::Error>> {
     let deployment: Deployment = serde_json::from_value(json!({
@@ -340,23 +343,80 @@ async fn guarded_writes(client: &kube::Client, ns: &TestNamespace, tag: &str) ->
     }))
     .unwrap();
     let status = json!({ "status": { "availableReplicas": 0 } });
-    let event: Event = serde_json::from_value(json!({
+    let event = fence_event(ns, tag);
+    let labelled = json!({ "metadata": { "labels": { "written-by": tag } } });
+    let (pp, patch) = (PostParams::default(), PatchParams::default());
+    let dry_run = kube::api::DeleteParams { dry_run: true, ..Default::default() };
+    let (deployments, events) =
+        (Api::<Deployment>::namespaced(client.clone(), &ns.name), Api::<Event>::namespaced(client.clone(), &ns.name));
+    vec![
+        deployments.create(&pp, &deployment).await.err(),
+        deployments.patch(FENCED, &patch, &Patch::Merge(&labelled)).await.err(),
+        deployments.delete(FENCED, &dry_run).await.err(),
+        Api::<Foo>::namespaced(client.clone(), &ns.name)
+            .patch_status(FENCED, &patch, &Patch::Merge(&status))
+            .await
+            .err(),
+        events.create(&pp, &event).await.err(),
+        events.patch(FENCED, &patch, &Patch::Merge(&labelled)).await.err(),
+    ]
+}
+
+/// The name of the Foo, Deployment and Event the fence tests write to.
+const FENCED: &str = "fenced";
+
+fn fence_event(ns: &TestNamespace, tag: &str) -> Event {
+    serde_json::from_value(json!({
         "metadata": { "generateName": format!("{tag}-") },
         "eventTime": Timestamp::now().to_string(), "reportingController": "sample-controller",
         "reportingInstance": tag, "action": "Reconcile", "reason": "Synced", "type": "Normal",
-        "regarding": { "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo", "name": "fenced",
+        "regarding": { "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo", "name": FENCED,
             "namespace": ns.name }
     }))
+    .unwrap()
+}
+
+/// What the guarded writes patch and delete, made by an admin.
+async fn fenced_targets(ns: &TestNamespace) {
+    create_foo(&ns.api(), FENCED, FENCED, Some(1)).await;
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": { "name": FENCED },
+        "spec": { "replicas": 0, "selector": { "matchLabels": { "app": FENCED } },
+            "template": { "metadata": { "labels": { "app": FENCED } },
+                "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] } } }
+    }))
     .unwrap();
-    let pp = PostParams::default();
-    vec![
-        Api::<Deployment>::namespaced(client.clone(), &ns.name).create(&pp, &deployment).await.err(),
-        Api::<Foo>::namespaced(client.clone(), &ns.name)
-            .patch_status("fenced", &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .err(),
-        Api::<Event>::namespaced(client.clone(), &ns.name).create(&pp, &event).await.err(),
-    ]
+    ns.api::<Deployment>().create(&PostParams::default(), &deployment).await.unwrap();
+    let mut event = fence_event(ns, FENCED);
+    event.metadata = kube::api::ObjectMeta { name: Some(FENCED.into()), ..Default::default() };
+    ns.api::<Event>().create(&PostParams::default(), &event).await.unwrap();
+}
+
+/// A pod of another Deployment run as deploy/'s ServiceAccount, as another
+/// shard's operator is (artifacts/shards); its pods are not labelled as
+/// deploy/'s, which the other tests count, and pass the namespace's Pod
+/// Security level (restricted).
+async fn pod_of_another_deployment(name: &str) -> Pod {
+    let deployment: Deployment = serde_json::from_value(json!({
+        "metadata": { "name": name, "namespace": NS },
+        "spec": { "replicas": 1, "selector": { "matchLabels": { "fence-test": name } },
+            "template": { "metadata": { "labels": { "fence-test": name } },
+                "spec": { "serviceAccountName": SA,
+                    "securityContext": { "runAsNonRoot": true, "runAsUser": 65532,
+                        "seccompProfile": { "type": "RuntimeDefault" } },
+                    "containers": [{ "name": "c", "image": "busybox:1",
+                        "securityContext": { "allowPrivilegeEscalation": false,
+                            "capabilities": { "drop": ["ALL"] } } }] } } }
+    }))
+    .unwrap();
+    let deployments: Api<Deployment> = Api::namespaced(admin_client().await, NS);
+    deployments.patch(name, &PatchParams::apply("e2e-rbac").force(), &Patch::Apply(&deployment)).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin_client().await, NS);
+    wait_until("the other Deployment's pod", AS_DEPLOYED_TIMEOUT, || async {
+        let list = pods.list(&ListParams::default().labels(&format!("fence-test={name}"))).await.ok()?;
+        list.items.into_iter().find(|p| p.metadata.deletion_timestamp.is_none())
+    })
+    .await
 }
 
 /// The Lease as the replica in `pod` holds it after taking it.
@@ -403,7 +463,7 @@ async fn the_api_server_admits_the_operators_writes_only_from_the_pod_that_holds
     let pods = install_deploy().await;
     let _lease = FreshLease::new();
     let ns = TestNamespace::new("fence").await;
-    create_foo(&ns.api(), "fenced", "fenced", Some(1)).await;
+    fenced_targets(&ns).await;
     let (a, b) = (pod_client(&pods[0]).await, pod_client(&pods[1]).await);
     // No Lease: the fence is open, for every user (the API server looks the
     // Lease up before it checks who writes; `Deny` there would refuse every
@@ -434,6 +494,12 @@ async fn the_api_server_admits_the_operators_writes_only_from_the_pod_that_holds
     })
     .await;
     assert_fenced(guarded_writes(&a, &ns, "deposed").await, "the deposed holder's pod");
+    // The Lease fences the replicas of the Deployment that holds it; another
+    // shard's operator answers to its own Lease.
+    let other = pod_of_another_deployment("sample-controller-other-shard").await;
+    let other_client = pod_client(&other).await;
+    assert!(all_admitted(&guarded_writes(&other_client, &ns, "other-shard").await), "another Deployment's pod");
+    kubectl_ok(&["delete", "deployment", "sample-controller-other-shard", "-n", NS, "--wait=false"]);
 }
 
 /// A client acting as `user`, an ordinary authenticated user.

@@ -20,7 +20,7 @@ const LAYERS: &[&[&str]] = &[
     &["leader", "decision"],
     &["client", "watch", "deployment"],
     &["metrics", "retry", "telemetry", "error"],
-    &["foo", "workqueue", "process"],
+    &["foo", "shard", "workqueue", "process"],
     &["constants"],
 ];
 

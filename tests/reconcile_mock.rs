@@ -23,6 +23,7 @@ use sample_controller::deployment::{DeploymentView, desired_deployment};
 use sample_controller::error::{ApiAction, SyncError as Error};
 use sample_controller::leader::Fence;
 use sample_controller::metrics::Metrics;
+use sample_controller::shard::UNSHARDED;
 use sample_controller::sync::{Context, error_policy, reconcile};
 use sample_controller::testing::{DeploymentFixture, FooFixture, metric_value};
 use serde_json::{Value, json};
@@ -205,14 +206,14 @@ fn example_foo(replicas: i32) -> Foo {
 
 /// `foo` with the status an earlier sync wrote for `d`.
 fn synced_with(mut foo: Foo, d: &Deployment) -> Foo {
-    foo.status = decide(&foo, Some(&DeploymentView::from(d.clone())), &[], &Time(Timestamp::now())).status;
+    foo.status = decide(&foo, Some(&DeploymentView::from(d.clone())), &[], UNSHARDED, &Time(Timestamp::now())).status;
     foo
 }
 
 #[tokio::test]
 async fn creates_deployment() {
     let foo = example_foo(1);
-    let want = serde_json::to_value(desired_deployment(&foo).unwrap()).unwrap();
+    let want = serde_json::to_value(desired_deployment(&foo, UNSHARDED).unwrap()).unwrap();
     let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
     let scenario = vec![
         expect(Method::POST, DEPLOYMENTS)

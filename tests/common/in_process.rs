@@ -14,6 +14,7 @@ use sample_controller::cache::{Cache, Caches, trim_deployment, trim_foo};
 use sample_controller::controller::{self, Settings};
 use sample_controller::deployment::DeploymentView;
 use sample_controller::metrics::Metrics;
+use sample_controller::shard::Shard;
 use sample_controller::sync::Context;
 
 /// A controller running in this test process, stopped when dropped.
@@ -39,7 +40,7 @@ pub fn start_controller(config: Config, namespace: Option<&str>) -> RunningContr
 pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u16) -> RunningController {
     let metrics = Arc::new(Metrics::new());
     let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
-    let settings = Settings { namespace: namespace.map(str::to_owned), workers };
+    let settings = Settings { namespace: namespace.map(str::to_owned), workers, shard: Shard::all() };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(sample_controller::client::api(&client, namespace), workers.into()));
     let adopting = start_adoption(&caches, &adoption, None);
@@ -59,10 +60,15 @@ pub fn context(client: Client, caches: Caches, metrics: Arc<Metrics>) -> Arc<Con
 /// can make them lag behind the API server.
 pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches {
     let views: Vec<DeploymentView> = deployments.iter().cloned().map(DeploymentView::from).collect();
-    Caches { foos: filled(foos, trim_foo).await, deployments: filled(&views, trim_deployment).await }
+    let all = Shard::all();
+    Caches {
+        foos: filled(foos, trim_foo(&all)).await,
+        deployments: filled(&views, trim_deployment(&all)).await,
+        shard: all,
+    }
 }
 
-async fn filled<K>(objects: &[K], trim: fn(&mut K)) -> Arc<Cache<K>>
+async fn filled<K>(objects: &[K], trim: impl Fn(&mut K) + Send + Sync + 'static) -> Arc<Cache<K>>
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
 {

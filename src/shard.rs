@@ -1,0 +1,329 @@
+//! Label shards, the Flux way: an instance started with
+//! `--shard-selector 'shard=a'` owns only the Foos whose labels match, and
+//! elects its own leader through a Lease named after the selector, so that
+//! several instances split one cluster's Foos between them, each with its
+//! own standby. A Foo's Deployment carries the Foo's values of the labels
+//! the selector names ([`Shard::follow`]), so the instance's Deployment watch
+//! is narrowed by the same selector and caches only its own shard's
+//! Deployments; a Foo relabelled into another shard has its Deployment
+//! relabelled by the shard that takes it.
+//!
+//! The selector is read with Kubernetes' grammar (`k8s.io/apimachinery`'s
+//! `labels.Parse`): requirements separated by commas, each `key`, `!key`,
+//! `key=value` (or `==`), `key!=value`, `key in (v1,v2)` or
+//! `key notin (v1,v2)`.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use kube::core::{Expression, Selector};
+
+use crate::constants::{LABEL_APP, LABEL_CONTROLLER, LABEL_MANAGED_BY};
+
+/// The labels of a Foo its Deployment follows: each key the selector names,
+/// with the Foo's value, or `None` where the Foo lacks it (the Deployment
+/// must lack it too).
+pub type FollowedLabels = BTreeMap<String, Option<String>>;
+
+/// No shard: every Foo, and no label followed.
+pub const UNSHARDED: &FollowedLabels = &BTreeMap::new();
+
+/// The Foos this instance owns: all of them, or those a label selector picks.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Shard {
+    selector: Option<Selector>,
+    /// The label keys the selector names, which Deployments follow.
+    keys: BTreeSet<String>,
+}
+
+impl Shard {
+    /// Every Foo: no `--shard-selector`.
+    pub fn all() -> Self {
+        Shard::default()
+    }
+
+    /// Parse a label selector as `kubectl -l` takes it. Keys the controller
+    /// puts on Deployments itself cannot shard: the Deployment could not
+    /// carry both its own value and the Foo's.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let expressions = split_requirements(text)?.into_iter().map(requirement).collect::<Result<Vec<_>, _>>()?;
+        if expressions.is_empty() {
+            return Err("the shard selector is empty; leave the flag out to reconcile every Foo".to_owned());
+        }
+        let keys: BTreeSet<String> = expressions.iter().map(|e| key_of(e).to_owned()).collect();
+        if let Some(taken) = keys.iter().find(|k| [LABEL_APP, LABEL_CONTROLLER, LABEL_MANAGED_BY].contains(&k.as_str()))
+        {
+            return Err(format!(
+                "the label {taken:?} is set on Deployments by the controller and cannot select a shard"
+            ));
+        }
+        Ok(Shard { selector: Some(Selector::from_iter(expressions)), keys })
+    }
+
+    /// The selector for the API server's lists and watches; `None` for all.
+    pub fn selector(&self) -> Option<String> {
+        self.selector.as_ref().map(Selector::to_string)
+    }
+
+    /// `selector` narrowed to this shard: both must match.
+    pub fn narrow(&self, selector: &str) -> String {
+        match self.selector() {
+            Some(shard) => format!("{selector},{shard}"),
+            None => selector.to_owned(),
+        }
+    }
+
+    /// True when a label with this key is one the Deployments follow.
+    pub fn is_followed(&self, key: &str) -> bool {
+        self.keys.contains(key)
+    }
+
+    /// The labels a Foo's Deployment must carry (or lack) to stay in the
+    /// Foo's shard: the Foo's values of the keys the selector names.
+    pub fn follow(&self, foo_labels: Option<&BTreeMap<String, String>>) -> FollowedLabels {
+        self.keys.iter().map(|k| (k.clone(), foo_labels.and_then(|l| l.get(k)).cloned())).collect()
+    }
+
+    /// Drop every label but the followed ones (the caches keep no others).
+    pub fn keep_followed(&self, labels: &mut Option<BTreeMap<String, String>>) {
+        if let Some(map) = labels {
+            map.retain(|k, _| self.is_followed(k));
+        }
+        if labels.as_ref().is_some_and(BTreeMap::is_empty) {
+            *labels = None;
+        }
+    }
+
+    /// The leader-election Lease of this shard: `base` without a selector,
+    /// else `base` and the selector spelt as a DNS name (`shard=a` →
+    /// `base-shard-a`, `!shard` → `base-not-shard`), so that each shard
+    /// elects its own leader and the name says which shard it is.
+    pub fn lease_name(&self, base: &str) -> Result<String, String> {
+        let Some(selector) = &self.selector else { return Ok(base.to_owned()) };
+        let words: Vec<String> = selector.clone().into_iter().flat_map(|e| spelt(&e)).collect();
+        let mut name = base.to_owned();
+        for word in words {
+            let word = dns_word(&word);
+            if !word.is_empty() {
+                name.push('-');
+                name.push_str(&word);
+            }
+        }
+        if name.len() > 253 {
+            return Err(format!(
+                "the Lease name derived from the shard selector, {name:?}, is longer than 253 characters; shorten --leader-election-id or the selector"
+            ));
+        }
+        Ok(name)
+    }
+}
+
+/// An expression as the words of its Lease name.
+fn spelt(e: &Expression) -> Vec<String> {
+    match e {
+        Expression::Exists(k) => vec![k.clone()],
+        Expression::DoesNotExist(k) => vec!["not".into(), k.clone()],
+        Expression::Equal(k, v) => vec![k.clone(), v.clone()],
+        Expression::NotEqual(k, v) => vec![k.clone(), "not".into(), v.clone()],
+        Expression::In(k, vs) => [k.clone(), "in".into()].into_iter().chain(vs.iter().cloned()).collect(),
+        Expression::NotIn(k, vs) => [k.clone(), "notin".into()].into_iter().chain(vs.iter().cloned()).collect(),
+    }
+}
+
+/// Lower case letters and digits, every other run of characters one `-`.
+fn dns_word(word: &str) -> String {
+    let lowered = word.to_ascii_lowercase();
+    lowered.split(|c: char| !c.is_ascii_alphanumeric()).filter(|part| !part.is_empty()).collect::<Vec<_>>().join("-")
+}
+
+fn key_of(e: &Expression) -> &str {
+    match e {
+        Expression::In(k, _)
+        | Expression::NotIn(k, _)
+        | Expression::Equal(k, _)
+        | Expression::NotEqual(k, _)
+        | Expression::Exists(k)
+        | Expression::DoesNotExist(k) => k,
+    }
+}
+
+/// The requirements of a selector: split at the commas outside parentheses.
+fn split_requirements(text: &str) -> Result<Vec<&str>, String> {
+    let (mut parts, mut depth, mut start) = (Vec::new(), 0i32, 0);
+    for (i, c) in text.char_indices() {
+        match c {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            ',' if depth == 0 => {
+                parts.push(&text[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+        if !(0..=1).contains(&depth) {
+            return Err(format!("unbalanced parentheses in the selector {text:?}"));
+        }
+    }
+    if depth != 0 {
+        return Err(format!("unbalanced parentheses in the selector {text:?}"));
+    }
+    parts.push(&text[start..]);
+    Ok(parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect())
+}
+
+/// One requirement: `key`, `!key`, `key=v`, `key==v`, `key!=v`,
+/// `key in (..)`, `key notin (..)`.
+fn requirement(text: &str) -> Result<Expression, String> {
+    if let Some(key) = text.strip_prefix('!') {
+        return Ok(Expression::DoesNotExist(label_key(key.trim())?));
+    }
+    if let Some((key, value)) = text.split_once("!=") {
+        return Ok(Expression::NotEqual(label_key(key.trim())?, label_value(value.trim())?));
+    }
+    if let Some((key, value)) = text.split_once('=') {
+        let value = value.strip_prefix('=').unwrap_or(value);
+        return Ok(Expression::Equal(label_key(key.trim())?, label_value(value.trim())?));
+    }
+    if let Some(open) = text.find('(') {
+        let (head, set) = (text[..open].trim(), text[open..].trim());
+        let values = set
+            .strip_prefix('(')
+            .and_then(|s| s.strip_suffix(')'))
+            .ok_or_else(|| format!("{text:?}: expected a set like (a,b)"))?;
+        let values = values.split(',').map(|v| label_value(v.trim())).collect::<Result<BTreeSet<_>, _>>()?;
+        return match head.rsplit_once(char::is_whitespace) {
+            Some((key, "in")) => Ok(Expression::In(label_key(key.trim())?, values)),
+            Some((key, "notin")) => Ok(Expression::NotIn(label_key(key.trim())?, values)),
+            _ => Err(format!("{text:?}: expected `key in (...)` or `key notin (...)`")),
+        };
+    }
+    Ok(Expression::Exists(label_key(text)?))
+}
+
+/// A label key: an optional DNS-subdomain prefix and `/`, then a name of at
+/// most 63 characters.
+fn label_key(key: &str) -> Result<String, String> {
+    let (prefix, name) = key.rsplit_once('/').map_or((None, key), |(p, n)| (Some(p), n));
+    let prefix_ok = prefix.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 253
+            && p.split('.').all(|part| {
+                !part.is_empty()
+                    && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                    && !part.starts_with('-')
+                    && !part.ends_with('-')
+            })
+    });
+    if prefix_ok && !name.is_empty() && is_label_word(name) {
+        Ok(key.to_owned())
+    } else {
+        Err(format!(
+            "{key:?} is not a label key (an optional DNS prefix and '/', then up to 63 of a-z, 0-9, '-', '_', '.')"
+        ))
+    }
+}
+
+/// A label value: empty, or up to 63 characters as a key's name.
+fn label_value(value: &str) -> Result<String, String> {
+    if value.is_empty() || is_label_word(value) {
+        Ok(value.to_owned())
+    } else {
+        Err(format!(
+            "{value:?} is not a label value (up to 63 of a-z, A-Z, 0-9, '-', '_', '.', alphanumeric at both ends)"
+        ))
+    }
+}
+
+fn is_label_word(word: &str) -> bool {
+    let edge = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    word.len() <= 63
+        && edge(word.chars().next())
+        && edge(word.chars().last())
+        && word.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn selectors_in_kubectls_grammar_are_read_and_spelt_back_for_the_api_server() {
+        let cases = [
+            ("shard=a", "shard=a"),
+            ("shard==a", "shard=a"),
+            (" !shard ", "!shard"),
+            ("shard", "shard"),
+            ("shard!=a", "shard!=a"),
+            ("shard in (b, a)", "shard in (a,b)"),
+            ("example.com/shard notin (a),tier=gold", "example.com/shard notin (a),tier=gold"),
+        ];
+        for (given, sent) in cases {
+            assert_eq!(Shard::parse(given).unwrap().selector().as_deref(), Some(sent), "{given}");
+        }
+        assert_eq!(Shard::all().selector(), None);
+    }
+
+    #[test]
+    fn a_bad_selector_is_refused_with_what_is_wrong() {
+        for (given, says) in [
+            ("", "empty"),
+            ("shard in (a", "unbalanced"),
+            ("shard=a)", "unbalanced"),
+            ("shard=a b", "not a label value"),
+            ("Bad_/x=1", "not a label key"),
+            ("shard within (a)", "expected `key in"),
+            ("-shard", "not a label key"),
+            ("app=nginx", "set on Deployments by the controller"),
+            ("!app.kubernetes.io/managed-by", "set on Deployments by the controller"),
+        ] {
+            let err = Shard::parse(given).unwrap_err();
+            assert!(err.contains(says), "{given:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_deployment_follows_the_foos_values_of_the_keys_the_selector_names_and_no_others() {
+        let shard = Shard::parse("shard in (a,b),!tier").unwrap();
+        let followed = shard.follow(Some(&labels(&[("shard", "b"), ("team", "x")])));
+        assert_eq!(followed, BTreeMap::from([("shard".into(), Some("b".into())), ("tier".into(), None)]));
+        assert_eq!(Shard::all().follow(Some(&labels(&[("shard", "b")]))), *UNSHARDED);
+    }
+
+    #[test]
+    fn the_caches_keep_only_the_followed_labels() {
+        let shard = Shard::parse("shard=a").unwrap();
+        let mut some = Some(labels(&[("shard", "a"), ("team", "x")]));
+        shard.keep_followed(&mut some);
+        assert_eq!(some, Some(labels(&[("shard", "a")])));
+        let mut none_left = Some(labels(&[("team", "x")]));
+        shard.keep_followed(&mut none_left);
+        assert_eq!(none_left, None, "an empty map costs more than none");
+        let mut all = Some(labels(&[("shard", "a")]));
+        Shard::all().keep_followed(&mut all);
+        assert_eq!(all, None);
+    }
+
+    #[test]
+    fn each_shard_has_a_lease_of_its_own_named_after_its_selector() {
+        let lease = |s: &str| Shard::parse(s).unwrap().lease_name("sample-controller").unwrap();
+        assert_eq!(Shard::all().lease_name("sample-controller").unwrap(), "sample-controller");
+        assert_eq!(lease("shard=a"), "sample-controller-shard-a");
+        assert_eq!(lease("!shard"), "sample-controller-not-shard");
+        assert_eq!(lease("shard"), "sample-controller-shard");
+        assert_eq!(lease("shard!=a"), "sample-controller-shard-not-a");
+        assert_eq!(lease("example.com/Shard in (A,b)"), "sample-controller-example-com-shard-in-a-b");
+        let names: BTreeSet<String> = ["shard=a", "shard=b", "!shard", "shard", "shard!=a"].map(lease).into();
+        assert_eq!(names.len(), 5, "distinct shards, distinct Leases");
+        let long = format!("k={}", "v".repeat(63));
+        assert!(Shard::parse(&long).unwrap().lease_name(&"x".repeat(200)).unwrap_err().contains("253"));
+    }
+
+    #[test]
+    fn narrowing_adds_the_shard_to_a_selector() {
+        assert_eq!(Shard::parse("!shard").unwrap().narrow("managed=yes"), "managed=yes,!shard");
+        assert_eq!(Shard::all().narrow("managed=yes"), "managed=yes");
+    }
+}

@@ -1,0 +1,205 @@
+//! Label shards (`--shard-selector`): several operators split one cluster's
+//! Foos by a label, each electing its own leader. Three operator binaries,
+//! each acting as a user of its own so the API server's audit log tells
+//! their requests apart, run against the local control plane in one
+//! namespace.
+
+mod common;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::ResourceExt;
+use kube::api::{Patch, PatchParams, PostParams};
+use sample_controller::Foo;
+use sample_controller::FooSpec;
+use sample_controller::shard::Shard;
+use serde_json::json;
+
+/// The shards of these tests, as artifacts/shards has them: a selector, and
+/// the value of the `shard` label its Foos carry (none for the rest).
+const SHARDS: [(&str, Option<&str>); 3] = [("shard=a", Some("a")), ("shard=b", Some("b")), ("!shard", None)];
+
+/// Foos per shard.
+const PER_SHARD: usize = 100;
+
+/// A shard's operator, acting as the user `shard-<name>.<namespace>`.
+struct ShardOperator {
+    user: String,
+    _process: Operator,
+}
+
+async fn start_shard(ns: &TestNamespace, selector: &str, name: &str) -> ShardOperator {
+    let user = format!("shard-{name}.{}", ns.name);
+    let kubeconfig = ns.kubeconfig_variant(&format!("shard-{name}"), |kc| {
+        kc["users"][0]["user"]["as"] = json!(user);
+        kc["users"][0]["user"]["as-groups"] = json!(["system:masters"]);
+    });
+    let mut args = lease_args(&ns.name, "sample-controller-test", LEASE);
+    args.push(format!("--shard-selector={selector}"));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let process = spawn_operator(&ns.name, &kubeconfig, &args, &format!("{}-shard-{name}", ns.name)).await;
+    ShardOperator { user, _process: process }
+}
+
+fn shard_name(label: Option<&str>) -> &str {
+    label.unwrap_or("rest")
+}
+
+async fn create_labelled_foo(ns: &TestNamespace, name: &str, shard: Option<&str>) {
+    let mut foo = Foo::new(name, FooSpec { deployment_name: name.into(), replicas: Some(1) });
+    if let Some(shard) = shard {
+        foo.metadata.labels = Some(BTreeMap::from([("shard".to_owned(), shard.to_owned())]));
+    }
+    ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap_or_else(|e| panic!("create Foo {name}: {e}"));
+}
+
+/// The `shard` label of the Deployment `name`, once it exists.
+async fn deployment_shard(ns: &TestNamespace, name: &str) -> Option<Option<String>> {
+    deployment(ns, name).await.map(|d| d.labels().get("shard").cloned())
+}
+
+/// The Foos whose status `user` patched, from the audit log.
+fn status_written_by(user: &str) -> BTreeSet<String> {
+    audited_as(user)
+        .into_iter()
+        .filter(|r| r.resource == "foos" && r.subresource.as_deref() == Some("status") && r.verb == "patch")
+        .filter_map(|r| r.name)
+        .collect()
+}
+
+#[tokio::test]
+async fn three_shards_reconcile_each_foo_exactly_once_a_relabelled_foo_moves_and_a_lost_shard_stalls_only_its_own() {
+    let ns = TestNamespace::new("shards").await;
+    let mut operators = Vec::new();
+    for (selector, label) in SHARDS {
+        operators.push(start_shard(&ns, selector, shard_name(label)).await);
+    }
+    let mut expected: BTreeMap<String, String> = BTreeMap::new();
+    for (_, label) in SHARDS {
+        for i in 0..PER_SHARD {
+            let name = format!("{}-{i}", shard_name(label));
+            create_labelled_foo(&ns, &name, label).await;
+            expected.insert(name, shard_name(label).to_owned());
+        }
+    }
+
+    // Every Foo's Deployment exists, in its Foo's shard.
+    let foos: Vec<(String, Option<String>)> = SHARDS
+        .iter()
+        .flat_map(|(_, label)| {
+            (0..PER_SHARD).map(move |i| (format!("{}-{i}", shard_name(*label)), label.map(str::to_owned)))
+        })
+        .collect();
+    wait_until("every Foo's Deployment, labelled with its shard", TIMEOUT, || async {
+        let list = ns.api::<k8s_openapi::api::apps::v1::Deployment>().list(&Default::default()).await.ok()?;
+        let labelled: BTreeMap<String, Option<String>> =
+            list.items.iter().map(|d| (d.name_any(), d.labels().get("shard").cloned())).collect();
+        foos.iter().all(|(name, label)| labelled.get(name) == Some(label)).then_some(())
+    })
+    .await;
+    // Each shard elected its own leader, through a Lease named after it.
+    let leases: Vec<String> =
+        ns.api::<Lease>().list(&Default::default()).await.unwrap().items.iter().map(|l| l.name_any()).collect();
+    for (selector, _) in SHARDS {
+        let lease = Shard::parse(selector).unwrap().lease_name("sample-controller-test").unwrap();
+        assert!(leases.contains(&lease), "no Lease {lease} among {leases:?}");
+    }
+    // Each Foo's status was written by its shard's operator, and only by it.
+    let settled = settled_requests(&ns.name, Duration::from_secs(2)).await;
+    assert!(!settled.is_empty());
+    let mut writers: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for op in &operators {
+        for foo in status_written_by(&op.user) {
+            writers.entry(foo).or_default().push(op.user.clone());
+        }
+    }
+    for (foo, shard) in &expected {
+        let want = format!("shard-{shard}.{}", ns.name);
+        assert_eq!(writers.get(foo), Some(&vec![want]), "the writers of Foo {foo}'s status");
+    }
+
+    // A Foo relabelled from a to b moves: b relabels its Deployment, and
+    // then reconciles it; a forgets it.
+    let moved = "a-0";
+    let relabelled_at = k8s_openapi::jiff::Timestamp::now();
+    let relabel = json!({ "metadata": { "labels": { "shard": "b" } } });
+    ns.api::<Foo>().patch(moved, &PatchParams::default(), &Patch::Merge(&relabel)).await.unwrap();
+    wait_until("the moved Foo's Deployment in shard b", TIMEOUT, || async {
+        (deployment_shard(&ns, moved).await == Some(Some("b".into()))).then_some(())
+    })
+    .await;
+    let scaled_at = k8s_openapi::jiff::Timestamp::now();
+    let scale = json!({ "spec": { "replicas": 3 } });
+    ns.api::<Foo>().patch(moved, &PatchParams::default(), &Patch::Merge(&scale)).await.unwrap();
+    wait_until("the moved Foo's Deployment scaled", TIMEOUT, || async {
+        deployment(&ns, moved).await.filter(|d| replicas(d) == Some(3))
+    })
+    .await;
+    settled_requests(&ns.name, Duration::from_secs(2)).await;
+    let naming_moved = |user: &str, since| -> Vec<Audited> {
+        audited_as(user).into_iter().filter(|r| r.name.as_deref() == Some(moved) && r.at > since).collect()
+    };
+    let by_a = naming_moved(&operators[0].user, relabelled_at);
+    assert!(
+        by_a.iter().all(|r| !WRITES.contains(&r.verb.as_str()) || r.code.is_none_or(|c| c >= 300)),
+        "shard a changed what it no longer owns: {by_a:?}"
+    );
+    let after_edit = naming_moved(&operators[0].user, scaled_at);
+    assert!(after_edit.is_empty(), "shard a still syncs the Foo it lost: {after_edit:?}");
+    let by_b = naming_moved(&operators[1].user, relabelled_at);
+    assert!(
+        by_b.iter().any(|r| r.resource == "deployments" && r.verb == "patch" && r.code == Some(200)),
+        "shard b did not take the Deployment over: {by_b:?}"
+    );
+
+    // Shard b lost: its Foos wait, the others' do not.
+    let b = operators.remove(1);
+    drop(b);
+    for (_, label) in SHARDS {
+        create_labelled_foo(&ns, &format!("late-{}", shard_name(label)), label).await;
+    }
+    for name in ["late-a", "late-rest"] {
+        wait_until(&format!("Deployment {name}"), TIMEOUT, || async { deployment(&ns, name).await }).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(deployment(&ns, "late-b").await.is_none(), "another shard reconciled shard b's Foo");
+    // Back, it catches up.
+    let _b = start_shard(&ns, SHARDS[1].0, "b").await;
+    wait_until("shard b, restarted, to create its Foo's Deployment", TIMEOUT, || async {
+        deployment(&ns, "late-b").await
+    })
+    .await;
+}
+
+#[test]
+fn the_shards_example_binds_each_shards_fence_to_the_lease_its_selector_names() {
+    let built = kubectl_ok(&["kustomize", "artifacts/shards"]);
+    let objects: Vec<serde_json::Value> =
+        built.split("\n---\n").map(|doc| serde_saphyr::from_str(doc).expect("a YAML document")).collect();
+    let of_kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
+    let fenced: BTreeSet<String> = of_kind("ValidatingAdmissionPolicyBinding")
+        .map(|b| b["spec"]["paramRef"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    let mut leases = BTreeSet::new();
+    for d in of_kind("Deployment") {
+        let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
+        let selector = args
+            .iter()
+            .find_map(|a| a.as_str()?.strip_prefix("--shard-selector="))
+            .unwrap_or_else(|| panic!("Deployment {} has no --shard-selector", d["metadata"]["name"]));
+        leases.insert(Shard::parse(selector).unwrap().lease_name("sample-controller").unwrap());
+    }
+    assert_eq!(leases.len(), 3, "three shards, three Leases");
+    assert_eq!(fenced, leases, "each shard's fence binding names its Lease");
+    // No two shards' pods are selected by the same Deployment or budget.
+    let selectors: BTreeSet<String> = of_kind("Deployment")
+        .chain(of_kind("PodDisruptionBudget"))
+        .map(|o| format!("{}{}", o["kind"], o["spec"]["selector"]))
+        .collect();
+    assert_eq!(selectors.len(), 6);
+    assert_eq!(of_kind("ValidatingAdmissionPolicy").count(), 1, "one policy, shared");
+    assert_eq!(of_kind("Namespace").count(), 1);
+}
