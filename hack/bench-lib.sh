@@ -28,13 +28,15 @@ bench_plane() { # scale
 
 audit() { local cmd=$1; shift; python3 hack/audit.py "$cmd" "$AUDIT" "$@"; }
 
-create_foos() { # namespace count
+create_foos() { # namespace count [shards: label Foo i shard=s<i mod shards>]
   kubectl create namespace "$1" >/dev/null
-  python3 - "$1" "$2" <<'PY' | kubectl create -f - >/dev/null
+  python3 - "$1" "$2" "${3:-0}" <<'PY' | kubectl create -f - >/dev/null
 import json, sys
-ns, n = sys.argv[1], int(sys.argv[2])
+ns, n, shards = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def labels(i):
+    return {"labels": {"shard": f"s{i % shards}"}} if shards else {}
 items = [{"apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "Foo",
-          "metadata": {"name": f"foo-{i}", "namespace": ns},
+          "metadata": {"name": f"foo-{i}", "namespace": ns, **labels(i)},
           "spec": {"deploymentName": f"foo-{i}", "replicas": 1}} for i in range(n)]
 print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
 PY
@@ -53,4 +55,7 @@ greatest() { printf '%s\n' "$@" | sort -g | tail -n 1; } # numbers...
 
 rss() { # pid: resident memory in MiB
   awk '$1 == "VmRSS:" {printf "%.1f", $2 / 1024}' "/proc/$1/status"
+}
+hwm() { # pid: the most resident memory it has had, in MiB
+  awk '$1 == "VmHWM:" {printf "%.1f", $2 / 1024}' "/proc/$1/status"
 }

@@ -17,8 +17,13 @@
 #     deleted before the next run;
 #  3. a steady window once the controller-manager has stopped writing;
 #  4. EDITS spec.replicas edits, one at a time, timed from a watch;
-#  5. memory with FOREIGN Deployments of someone else's added to the
-#     controller's namespace.
+#  5. a standby starting beside it, its caches filled by paged and by
+#     streaming lists: its peak memory and its memory at rest;
+#  6. memory with FOREIGN Deployments of someone else's added to the
+#     controller's namespace;
+#  7. SHARDS operators (--shard-selector shard=s0, ...) on N Foos labelled
+#     round robin, in a namespace of their own: time to converge, and each
+#     one's memory.
 # It also draws the Foos converged over time, ours and the floor's at the
 # same concurrency (the best run of each), into SVG (default
 # docs/bench-convergence.svg; N=10000 writes docs/bench-convergence-scale.svg).
@@ -36,6 +41,7 @@ FOREIGN="${FOREIGN-1000 5000}" # empty: none
 WORKERS="${WORKERS:-}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 RUNS="${RUNS:-2}"
+SHARDS="${SHARDS:-3}" # label shards for the last step; 0 or 1: none
 SVG="${SVG:-docs/bench-convergence$( ((SCALE)) && echo -scale || true).svg}"
 FLOOR_UA="sample-controller-floor/"
 
@@ -105,6 +111,7 @@ done
 ours=${best[ours]}
 sleep 2
 rss_converged=$(rss "$pid")
+peak_converging=$(hwm "$pid")
 
 log "waiting for the controller-manager and the controller to settle"
 # The controller too: its events go out one at a time, and at 10 000 Foos
@@ -123,6 +130,33 @@ edits_from=$(date +%s.%N)
 latency=$(cargo bench --locked --quiet --bench edit_latency -- "$ns" "$EDITS")
 sleep 2
 mapfile -t edit_requests < <(audit count "$UA" "" "$edits_from" "$(date +%s.%N)")
+
+# A replica starting beside the running one, as a standby does after a
+# restart: it lists everything into its caches and writes nothing (the
+# Lease it waits for is held by a holder that never lets go). Its peak
+# while listing against its resident memory at rest, its caches filled by
+# paged LISTs and by streaming lists (a watch with sendInitialEvents).
+declare -A start_peak start_rest
+for mode in paged streaming; do
+  log "a standby starting, $mode lists"
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: coordination.k8s.io/v1
+kind: Lease
+metadata: {name: bench-standby-$mode, namespace: $ns}
+spec: {holderIdentity: bench-holder, leaseDurationSeconds: 36000, renewTime: "$(date -u +%Y-%m-%dT%H:%M:%S.000000Z)"}
+EOF
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  stream_flag=(); [[ $mode == streaming ]] && stream_flag=(--streaming-lists)
+  "$BIN" --namespace "$ns" --leader-elect --leader-election-namespace "$ns" --leader-election-id "bench-standby-$mode" \
+    "${stream_flag[@]}" --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$port" \
+    > ".local/bench-standby-$mode.log" 2>&1 &
+  standby=$!
+  wait_for "the standby's caches" 600 curl -fs "http://127.0.0.1:$port/readyz"
+  sleep 15
+  start_peak[$mode]=$(hwm "$standby")
+  start_rest[$mode]=$(rss "$standby")
+  kill "$standby"; wait "$standby" 2>/dev/null || true
+done
 
 # The baseline for the foreign Deployments: after the pods became available
 # and the edits, so that growth is theirs alone.
@@ -149,8 +183,26 @@ PY
   sleep 5
   rss_foreign+=("$n:$(rss "$pid")")
 done
-peak=$(awk '$1 == "VmHWM:" {printf "%.1f", $2 / 1024}' "/proc/$pid/status")
+peak=$(hwm "$pid")
 stop_controller
+
+shard_rss=()
+if (( SHARDS > 1 )); then
+  sns=bench-shards
+  log "$SHARDS shards: $N Foos"
+  create_foos "$sns" "$N" "$SHARDS"
+  settle
+  shard_pids=()
+  for k in $(seq 0 $((SHARDS - 1))); do
+    "$BIN" --namespace "$sns" --shard-selector "shard=s$k" "${workers_flag[@]}" \
+      --metrics-bind-address 0 --health-probe-bind-address 0 > ".local/bench-shard-$k.log" 2>&1 &
+    shard_pids+=($!)
+  done
+  read -r shards_start shards_converged < <(audit wait-converged "$UA" "$sns" "$N" 1800)
+  sleep 2
+  for p in "${shard_pids[@]}"; do shard_rss+=("$(rss "$p")"); done
+  kill -TERM "${shard_pids[@]}"; wait "${shard_pids[@]}" 2>/dev/null || true
+fi
 curves() { local prefix=$1 run files=(); for run in $(seq 1 "$RUNS"); do files+=(".local/bench-curve-$prefix-$run.txt"); done; (IFS=,; echo "${files[*]}"); }
 python3 hack/audit.py svg "$SVG" "$N Foos converging, --workers $WORKERS_USED (best of $RUNS runs each)" \
   "sample-controller=$(curves bench)" "floor at concurrency $WORKERS_USED=$(curves "floor-$WORKERS_USED")"
@@ -174,9 +226,18 @@ printf '%-58s %s\n' "requests in the steady window (${WINDOW}s)" "${steady[0]}  
 (( ${#steady[@]} > 1 )) && printf '    %s\n' "${steady[@]:1}"
 printf '%-58s %s\n' "Foo spec.replicas edit -> Deployment updated" "${latency#*: }"
 printf '%-58s %s\n' "requests for $EDITS edits" "${edit_requests[0]}  ($(per_foo "${edit_requests[0]}" "$EDITS") per edit)"
-printf '%-58s %s\n' "RSS after convergence" "$rss_converged MiB"
+printf '%-58s %s\n' "RSS after convergence" "$rss_converged MiB  (peak while converging $peak_converging MiB; $(calc %.2f "$rss_converged * 1024 / $N") KiB per Foo)"
+for mode in paged streaming; do
+  printf '%-58s %s\n' "a starting standby, $mode lists: peak / at rest" \
+    "${start_peak[$mode]} / ${start_rest[$mode]} MiB  ($(ratio "${start_peak[$mode]}" "${start_rest[$mode]}")x)"
+done
 for entry in "${rss_foreign[@]}"; do
   printf '%-58s %s\n' "RSS with ${entry%%:*} Deployments of someone else's" "${entry#*:} MiB"
 done
 printf '%-58s %s\n' "peak RSS" "$peak MiB"
+if (( SHARDS > 1 )); then
+  shards_time=$(elapsed "$shards_start" "$shards_converged")
+  printf '%-58s %s\n' "$SHARDS label shards: converged" "${shards_time}s  ($(ratio "$shards_time" "$ours")x one operator's; one run)"
+  printf '%-58s %s\n' "$SHARDS label shards: RSS of each after convergence" "${shard_rss[*]} MiB  (one operator: $rss_converged MiB)"
+fi
 printf '%-58s %s\n' "convergence curve" "$SVG"

@@ -81,7 +81,12 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
 
     let shard = cli.shard_selector.clone().unwrap_or_default();
     let lease_name = shard.lease_name(&cli.leader_election_id).map_err(Error::Shard)?;
-    let settings = Settings { namespace: cli.namespace.clone(), workers: cli.workers, shard };
+    let settings = Settings {
+        namespace: cli.namespace.clone(),
+        workers: cli.workers,
+        shard,
+        streaming_lists: cli.streaming_lists,
+    };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(client::api(&client, settings.namespace.as_deref()), cli.workers.into()));
     let identity = default_identity();

@@ -46,6 +46,11 @@ pub struct Cli {
     #[arg(long, env = "SAMPLE_CONTROLLER_SHARD_SELECTOR", value_name = "SELECTOR", value_parser = Shard::parse)]
     pub shard_selector: Option<Shard>,
 
+    /// Fill the caches with streaming lists (a watch with sendInitialEvents, Kubernetes 1.34+)
+    /// instead of paged LISTs.
+    #[arg(long, env = "SAMPLE_CONTROLLER_STREAMING_LISTS", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    pub streaming_lists: bool,
+
     /// Foos reconciled concurrently. A sync makes no reads and at most a few
     /// writes, so it mostly waits on round trips; the API server's Priority
     /// and Fairness, not this number, is what protects it.

@@ -35,6 +35,9 @@ pub struct Settings {
     /// The Foos this instance owns (`--shard-selector`), and with them the
     /// Deployments that follow them.
     pub shard: Shard,
+    /// Fill the caches by streaming lists (`--streaming-lists`): a watch that
+    /// starts with every object (`sendInitialEvents`), not a paged LIST.
+    pub streaming_lists: bool,
 }
 
 /// The controller's own backoff over all its triggers: none, as each watch
@@ -58,14 +61,19 @@ impl Backoff for EachWatchBacksOff {
 /// Deployments labelled as made by it (upstream's informer caches every
 /// Deployment in the cluster; other people's never reach this one).
 pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> (Controller<Foo>, Caches) {
-    // Lists in pages of 500 (kube-runtime's default); kube sends no
-    // resourceVersion=0 with a page size, so they are consistent reads.
+    // Paged lists come in pages of 500 (kube-runtime's default); kube sends
+    // no resourceVersion=0 with a page size, so they are consistent reads.
+    let base = if settings.streaming_lists {
+        watcher::Config::default().streaming_lists()
+    } else {
+        watcher::Config::default()
+    };
     let shard = &settings.shard;
     let foo_watch = match shard.selector() {
-        Some(selector) => watcher::Config::default().labels(&selector),
-        None => watcher::Config::default(),
+        Some(selector) => base.clone().labels(&selector),
+        None => base.clone(),
     };
-    let deployment_watch = watcher::Config::default().labels(&shard.narrow(&managed_selector()));
+    let deployment_watch = base.labels(&shard.narrow(&managed_selector()));
     let (foos, foo_writer) = Cache::new(trim_foo(shard));
     let (deployments, deployment_writer) = Cache::new(trim_deployment(shard));
     let foo_events = watch(api::<Foo>(client, settings.namespace.as_deref()), foo_watch);

@@ -40,7 +40,8 @@ pub fn start_controller(config: Config, namespace: Option<&str>) -> RunningContr
 pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u16) -> RunningController {
     let metrics = Arc::new(Metrics::new());
     let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
-    let settings = Settings { namespace: namespace.map(str::to_owned), workers, shard: Shard::all() };
+    let settings =
+        Settings { namespace: namespace.map(str::to_owned), workers, shard: Shard::all(), streaming_lists: false };
     let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(sample_controller::client::api(&client, namespace), workers.into()));
     let adopting = start_adoption(&caches, &adoption, None);
