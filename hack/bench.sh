@@ -92,6 +92,14 @@ stop_controller() { # as SIGTERM does: its queued events go out first
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
 }
 
+# The process with nothing to cache: what a Foo's memory is counted above.
+kubectl create namespace bench-empty >/dev/null
+"$BIN" --namespace bench-empty --metrics-bind-address 0 --health-probe-bind-address 0 > .local/bench-empty.log 2>&1 &
+empty_pid=$!
+sleep 5
+rss_empty=$(rss "$empty_pid")
+kill -TERM "$empty_pid"; wait "$empty_pid" 2>/dev/null || true
+
 # Best of RUNS runs each, the floor's and ours taken in turns, so that
 # neither meets the plane warming up or the machine busier than the other:
 # a floor is the least it takes, and ours is held to the same rule. The
@@ -226,7 +234,7 @@ printf '%-58s %s\n' "requests in the steady window (${WINDOW}s)" "${steady[0]}  
 (( ${#steady[@]} > 1 )) && printf '    %s\n' "${steady[@]:1}"
 printf '%-58s %s\n' "Foo spec.replicas edit -> Deployment updated" "${latency#*: }"
 printf '%-58s %s\n' "requests for $EDITS edits" "${edit_requests[0]}  ($(per_foo "${edit_requests[0]}" "$EDITS") per edit)"
-printf '%-58s %s\n' "RSS after convergence" "$rss_converged MiB  (peak while converging $peak_converging MiB; $(calc %.2f "$rss_converged * 1024 / $N") KiB per Foo)"
+printf '%-58s %s\n' "RSS after convergence" "$rss_converged MiB  (peak while converging $peak_converging MiB; empty process $rss_empty MiB: $(calc %.2f "($rss_converged - $rss_empty) * 1024 / $N") KiB per Foo above it)"
 for mode in paged streaming; do
   printf '%-58s %s\n' "a starting standby, $mode lists: peak / at rest" \
     "${start_peak[$mode]} / ${start_rest[$mode]} MiB  ($(ratio "${start_peak[$mode]}" "${start_rest[$mode]}")x)"
