@@ -80,7 +80,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     serve_endpoints(&cli, &client, &metrics, &readiness).await?;
 
     let shard = cli.shard_selector.clone().unwrap_or_default();
-    let lease_name = shard.lease_name(&cli.leader_election_id).map_err(Error::Shard)?;
+    let lease_name = shard.lease_name(&cli.leader_election_id).map_err(Error::Shard);
     let settings = Settings {
         namespace: cli.namespace.clone(),
         workers: cli.workers,
@@ -97,7 +97,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         return Ok(());
     }
     let lease = LeaderConfig {
-        lease_name,
+        lease_name: lease_name?,
         namespace: cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned()),
         identity,
         lease_duration: cli.leader_elect_lease_duration,

@@ -21,7 +21,7 @@ use crate::cache::Caches;
 use crate::client::{apply_params, patch_params, post_params};
 use crate::constants::*;
 use crate::decision::{DeploymentAction, Outcome, Plan, decide};
-use crate::deployment::DeploymentView;
+use crate::deployment::{DeploymentView, is_controlled_by};
 use crate::error::{ApiAction, SyncError as Error, SyncResult as Result};
 use crate::events::Publisher;
 use crate::foo::Foo;
@@ -171,7 +171,7 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
             .await
             .map_err(target.api_error(ApiAction::GetDeployment))?
             .map(DeploymentView::from);
-        if existing.as_ref().is_some_and(|d| !d.relabelling(&followed).is_empty())
+        if existing.as_ref().is_some_and(|d| is_controlled_by(d, &foo) && !d.relabelling(&followed).is_empty())
             && moved_since_cached(&foo, &followed, &target, ctx).await?
         {
             // Our copy of the Foo is older than the shard labels its
