@@ -156,6 +156,14 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_selector_is_checked_at_start_and_its_fault_named() {
+        let err = Cli::try_parse_from(["sample-controller", "--shard-selector", "app=nginx"]).unwrap_err();
+        assert!(err.to_string().contains("set on Deployments by the controller"), "{err}");
+        let cli = Cli::try_parse_from(["sample-controller", "--shard-selector", "!shard"]).unwrap();
+        assert_eq!(cli.shard_selector.unwrap().selector().as_deref(), Some("!shard"));
+    }
+
+    #[test]
     fn durations_in_go_forms() {
         let ok = [
             ("15s", Duration::from_secs(15)),
