@@ -28,6 +28,7 @@ use crate::client::patch_params;
 use crate::decision::DeploymentPatch;
 use crate::deployment::{DeploymentView, controlling_foo, has_managed_label, unmanaged_selector};
 use crate::foo::Foo;
+use crate::shard::FollowedLabels;
 
 /// The adoption pass of one controller run, and whether it has finished.
 pub struct Adoption {
@@ -57,7 +58,8 @@ impl Adoption {
         let _ = self.finished.subscribe().wait_for(|finished| *finished).await;
     }
 
-    /// Run the pass; `foo_uid` answers with the uid of a cached Foo,
+    /// Run the pass; `cached_foo` answers with the uid of a cached Foo and
+    /// the labels its Deployment follows ([`crate::shard::Shard::follow`]),
     /// `may_write` whether this replica may still write (leader election).
     /// Adopted Deployments are handed to `adopted` (for the cache) as the API
     /// server returned them. A failure is logged and not fatal: a sync still
@@ -65,12 +67,12 @@ impl Adoption {
     /// read.
     pub async fn run(
         &self,
-        foo_uid: impl Fn(&ObjectRef<Foo>) -> Option<String>,
+        cached_foo: impl Fn(&ObjectRef<Foo>) -> Option<(String, FollowedLabels)>,
         may_write: impl Fn() -> bool,
         adopted: impl Fn(DeploymentView),
     ) {
         if let Some(api) = &self.deployments {
-            match self.adopt(api, &foo_uid, &may_write, &adopted).await {
+            match self.adopt(api, &cached_foo, &may_write, &adopted).await {
                 Ok(0) => {}
                 Ok(n) => info!(deployments = n, "adopted Deployments made by an earlier controller"),
                 Err(e) => warn!(error = %e, "cannot list Deployments to adopt; each Foo's sync will adopt its own"),
@@ -82,13 +84,13 @@ impl Adoption {
     async fn adopt(
         &self,
         api: &Api<Deployment>,
-        foo_uid: &impl Fn(&ObjectRef<Foo>) -> Option<String>,
+        cached_foo: &impl Fn(&ObjectRef<Foo>) -> Option<(String, FollowedLabels)>,
         may_write: &impl Fn() -> bool,
         adopted: &impl Fn(DeploymentView),
     ) -> kube::Result<usize> {
         let candidates = api.list_metadata(&ListParams::default().labels(&unmanaged_selector())).await?;
         let patches: Vec<(String, DeploymentPatch)> =
-            candidates.items.iter().filter_map(|d| Some((d.namespace()?, adoption_patch(d, foo_uid)?))).collect();
+            candidates.items.iter().filter_map(|d| Some((d.namespace()?, adoption_patch(d, cached_foo)?))).collect();
         let pp = patch_params();
         let count = futures::stream::iter(patches)
             // No longer leading: the syncs fail on their own checks, and the
@@ -123,25 +125,26 @@ impl Adoption {
 
 /// The patch that adopts `d`, if a Foo controls it and it lacks our label:
 /// its controller ownerReference names a Foo (by API group and kind) whose
-/// uid, as `foo_uid` reports it, is the one referenced. A Foo deleted and
+/// uid, as `cached_foo` reports it, is the one referenced; the patch also
+/// puts it in its Foo's shard. A Foo deleted and
 /// re-created under the same name has another uid and adopts nothing.
 pub fn adoption_patch(
     d: &PartialObjectMeta<Deployment>,
-    foo_uid: impl Fn(&ObjectRef<Foo>) -> Option<String>,
+    cached_foo: impl Fn(&ObjectRef<Foo>) -> Option<(String, FollowedLabels)>,
 ) -> Option<DeploymentPatch> {
     if has_managed_label(d) {
         return None;
     }
     let meta: &ObjectMeta = &d.metadata;
     let foo = controlling_foo(d)?;
-    (foo_uid(&foo)? == *foo.extra.uid.as_ref()?).then(|| DeploymentPatch {
+    let (uid, followed) = cached_foo(&foo)?;
+    (uid == *foo.extra.uid.as_ref()?).then(|| DeploymentPatch {
         name: d.name_any(),
         uid: meta.uid.clone(),
         resource_version: meta.resource_version.clone(),
         replicas: None,
         adopt: true,
-        // The sync that follows moves it into its Foo's shard, if need be.
-        relabel: Default::default(),
+        relabel: followed,
     })
 }
 
@@ -157,9 +160,21 @@ mod tests {
         d.metadata.into_response_partial()
     }
 
-    /// A cache holding `foos`, as `foo_uid` reads it.
-    fn cached(foos: &[Foo]) -> impl Fn(&ObjectRef<Foo>) -> Option<String> + '_ {
-        |r| foos.iter().find(|f| ObjectRef::from_obj(*f) == *r).and_then(|f| f.uid())
+    /// A cache holding `foos`, unsharded, as `cached_foo` reads it.
+    fn cached(foos: &[Foo]) -> impl Fn(&ObjectRef<Foo>) -> Option<(String, FollowedLabels)> + '_ {
+        |r| foos.iter().find(|f| ObjectRef::from_obj(*f) == *r).and_then(|f| Some((f.uid()?, FollowedLabels::new())))
+    }
+
+    #[test]
+    fn a_deployment_adopted_by_a_shard_is_put_in_its_foos_shard_in_the_same_patch() {
+        let foo = Foo::test("example-foo").label("shard", "a");
+        let shard = crate::shard::Shard::parse("shard=a").unwrap();
+        let in_shard = |_: &ObjectRef<Foo>| Some((ResourceExt::uid(&foo)?, shard.follow(foo.metadata.labels.as_ref())));
+        let patch = adoption_patch(&listed(Deployment::made_by_upstream(&foo)), in_shard).unwrap();
+        assert_eq!(
+            patch.body()["metadata"]["labels"],
+            serde_json::json!({ LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE, "shard": "a" })
+        );
     }
 
     #[test]

@@ -174,9 +174,12 @@ pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<A
             return;
         }
         debug!("caches synced; adoption pass starting");
-        let foo_uid = |foo: &ObjectRef<Foo>| caches.foos.get(foo).and_then(|f| f.uid());
+        let cached_foo = |foo: &ObjectRef<Foo>| {
+            let foo = caches.foos.get(foo)?;
+            Some((foo.uid()?, caches.shard.follow(foo.metadata.labels.as_ref())))
+        };
         let may_write = || leader::may_write(fence.as_deref());
-        adoption.run(foo_uid, may_write, |adopted| caches.deployments.wrote(None, Some(adopted))).await;
+        adoption.run(cached_foo, may_write, |adopted| caches.deployments.wrote(None, Some(adopted))).await;
     })
 }
 

@@ -40,9 +40,9 @@ pub struct Cli {
     pub namespace: Option<String>,
 
     /// Reconcile only the Foos whose labels match this selector (kubectl's -l grammar:
-    /// 'shard=a', '!shard' for the Foos of no shard); their Deployments carry the Foo's
-    /// values of the keys it names, and the Lease is named after it
-    /// (--leader-election-id + '-shard-a'), so each shard elects its own leader.
+    /// 'shard=a', 'shard notin (a,b)' for the rest); their Deployments carry the Foo's values
+    /// of the keys it names, and the Lease is named after it (--leader-election-id +
+    /// '-shard-a-<hash>'), so each shard elects its own leader.
     #[arg(long, env = "SAMPLE_CONTROLLER_SHARD_SELECTOR", value_name = "SELECTOR", value_parser = Shard::parse)]
     pub shard_selector: Option<Shard>,
 

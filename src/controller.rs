@@ -3,16 +3,17 @@
 //! by kube-runtime's `Controller` ([`crate::sync`] carries a sync out and
 //! times a failed one's retry).
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::{Stream, StreamExt};
 use kube::Client;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::Backoff;
-use kube::runtime::{WatchStreamExt, predicates, watcher};
+use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info};
 
 use crate::cache::{Cache, Caches, trim_deployment, trim_foo};
@@ -87,17 +88,13 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
     // What triggers a sync, counted as the workqueue's adds. A Foo's own
     // status write changes its resourceVersion, not its generation: it wakes
     // no sync (the first sight of each Foo does, and a change of the labels
-    // its Deployment follows).
+    // its Deployment follows: `changed_foos`).
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
-    let foo_triggers = foos
-        .reflect(foo_writer, foo_events)
-        .applied_objects()
-        .predicate_filter(generation_and_shard, Default::default())
-        .inspect(move |foo| {
-            if let Ok(foo) = foo {
-                q1.added(queue_key(&ObjectRef::from_obj(foo)));
-            }
-        });
+    let foo_triggers = changed_foos(foos.reflect(foo_writer, foo_events)).inspect(move |foo| {
+        if let Ok(foo) = foo {
+            q1.added(queue_key(&ObjectRef::from_obj(foo)));
+        }
+    });
     // Deletions too: a Deployment deleted by hand is put back.
     let owned_triggers =
         deployments.reflect(deployment_writer, deployment_events).touched_objects().inspect(move |d| {
@@ -115,15 +112,56 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
     (controller, Caches { foos, deployments, shard: shard.clone() })
 }
 
-/// kube-runtime's generation predicate, and the labels of the Foo its
-/// Deployment follows (all the cache keeps): a Foo relabelled within its
-/// shard has its Deployment relabelled too.
-fn generation_and_shard(foo: &Foo) -> Option<u64> {
-    let generation = predicates::generation(foo)?;
-    let Some(labels) = &foo.metadata.labels else { return Some(generation) };
+/// What makes a Foo worth a sync: its identity, its generation, and the
+/// labels its Deployment follows (all the cache keeps). A status write
+/// changes none of them.
+fn sync_worthy(foo: &Foo) -> u64 {
     let mut hasher = std::hash::DefaultHasher::new();
-    (generation, labels).hash(&mut hasher);
-    Some(hasher.finish())
+    (&foo.metadata.uid, foo.metadata.generation, &foo.metadata.labels).hash(&mut hasher);
+    hasher.finish()
+}
+
+/// The Foos to sync, from the Foo watch's events: each the first time it is
+/// seen and whenever [`sync_worthy`] changes — kube-runtime's generation
+/// predicate, but one that forgets a Foo the watch deletes (or a relist no
+/// longer holds): a Foo that leaves this shard and comes back is synced
+/// again, where the predicate would remember it for an hour.
+pub fn changed_foos(
+    events: impl Stream<Item = watcher::Result<watcher::Event<Foo>>> + Send + 'static,
+) -> impl Stream<Item = watcher::Result<Foo>> + Send + 'static {
+    use watcher::Event;
+    let (mut seen, mut relist) = (HashMap::<ObjectRef<Foo>, u64>::new(), None::<HashMap<ObjectRef<Foo>, u64>>);
+    events.filter_map(move |event| {
+        let changed = |map: &mut HashMap<_, _>, foo: Foo, before: Option<u64>| {
+            let now = sync_worthy(&foo);
+            map.insert(ObjectRef::from_obj(&foo), now);
+            (before != Some(now)).then_some(Ok(foo))
+        };
+        let out = match event {
+            Err(e) => Some(Err(e)),
+            Ok(Event::Init) => {
+                relist = Some(HashMap::new());
+                None
+            }
+            Ok(Event::InitApply(foo)) => {
+                let before = seen.get(&ObjectRef::from_obj(&foo)).copied();
+                changed(relist.get_or_insert_default(), foo, before)
+            }
+            Ok(Event::InitDone) => {
+                seen = relist.take().unwrap_or_default();
+                None
+            }
+            Ok(Event::Apply(foo)) => {
+                let before = seen.get(&ObjectRef::from_obj(&foo)).copied();
+                changed(&mut seen, foo, before)
+            }
+            Ok(Event::Delete(foo)) => {
+                seen.remove(&ObjectRef::from_obj(&foo));
+                None
+            }
+        };
+        std::future::ready(out)
+    })
 }
 
 /// The Foos that name a Deployment of ours which was just deleted: one
@@ -173,5 +211,54 @@ fn report(outcome: StreamItem, queue: &QueueMetrics) {
         }
         // The watches retry by themselves, with backoff.
         Err(e) => info!(error = %e, "watch interrupted; reconnecting"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FooFixture;
+    use watcher::Event;
+
+    async fn triggered(events: Vec<Event<Foo>>) -> Vec<String> {
+        let stream = changed_foos(futures::stream::iter(events.into_iter().map(Ok)));
+        stream.map(|foo| foo.unwrap().metadata.name.unwrap()).collect().await
+    }
+
+    #[tokio::test]
+    async fn a_foo_is_synced_when_first_seen_and_when_its_spec_or_shard_labels_change_not_on_status() {
+        let foo = Foo::test("a");
+        let mut status_written = foo.clone();
+        status_written.metadata.resource_version = Some("101".into());
+        let relabelled = foo.clone().label("shard", "b");
+        let edited = relabelled.clone().generation(2);
+        let events =
+            vec![Event::Apply(foo), Event::Apply(status_written), Event::Apply(relabelled), Event::Apply(edited)];
+        assert_eq!(triggered(events).await.len(), 3);
+    }
+
+    #[tokio::test]
+    async fn a_foo_that_leaves_the_shard_and_comes_back_is_synced_again() {
+        let foo = Foo::test("a");
+        let events = vec![Event::Apply(foo.clone()), Event::Delete(foo.clone()), Event::Apply(foo)];
+        assert_eq!(triggered(events).await.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_relist_syncs_only_what_changed_or_came_back_and_forgets_what_it_no_longer_holds() {
+        let (a, b) = (Foo::test("a"), Foo::test("b"));
+        let events = vec![
+            Event::Init,
+            Event::InitApply(a.clone()),
+            Event::InitApply(b.clone()),
+            Event::InitDone,
+            // A relist after a watch gap: a unchanged, b gone.
+            Event::Init,
+            Event::InitApply(a.clone()),
+            Event::InitDone,
+            Event::Apply(b),
+            Event::Apply(a),
+        ];
+        assert_eq!(triggered(events).await, ["a", "b", "b"]);
     }
 }

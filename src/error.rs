@@ -46,7 +46,7 @@ pub enum ApiAction {
     GetDeployment,
     PatchDeployment,
     DeleteOldDeployment,
-    GetFoo,
+    ListFoo,
     ApplyFooStatus,
 }
 
@@ -57,7 +57,7 @@ impl std::fmt::Display for ApiAction {
             ApiAction::GetDeployment => "get Deployment",
             ApiAction::PatchDeployment => "patch Deployment",
             ApiAction::DeleteOldDeployment => "delete old Deployment",
-            ApiAction::GetFoo => "get Foo",
+            ApiAction::ListFoo => "list Foo",
             ApiAction::ApplyFooStatus => "apply Foo status",
         })
     }

@@ -45,7 +45,11 @@ impl Shard {
     /// puts on Deployments itself cannot shard: the Deployment could not
     /// carry both its own value and the Foo's.
     pub fn parse(text: &str) -> Result<Self, String> {
-        let expressions = split_requirements(text)?.into_iter().map(requirement).collect::<Result<Vec<_>, _>>()?;
+        let mut expressions = split_requirements(text)?.into_iter().map(requirement).collect::<Result<Vec<_>, _>>()?;
+        // One spelling per selector, whatever the order it was written in:
+        // the Lease is named after it.
+        expressions.sort();
+        expressions.dedup();
         if expressions.is_empty() {
             return Err("the shard selector is empty; leave the flag out to reconcile every Foo".to_owned());
         }
@@ -94,9 +98,12 @@ impl Shard {
     }
 
     /// The leader-election Lease of this shard: `base` without a selector,
-    /// else `base` and the selector spelt as a DNS name (`shard=a` →
-    /// `base-shard-a`, `!shard` → `base-not-shard`), so that each shard
-    /// elects its own leader and the name says which shard it is.
+    /// else `base`, the selector spelt as a DNS name and a hash of the
+    /// selector (`shard=a` → `base-shard-a-<hash>`, `!shard` →
+    /// `base-not-shard-<hash>`), so that each shard elects its own leader and
+    /// the name says which shard it is. The hash tells apart selectors the
+    /// spelling folds together (`shard=A`, `shard=a`); the requirements are
+    /// sorted first, so their order does not matter.
     pub fn lease_name(&self, base: &str) -> Result<String, String> {
         let Some(selector) = &self.selector else { return Ok(base.to_owned()) };
         let words: Vec<String> = selector.clone().into_iter().flat_map(|e| spelt(&e)).collect();
@@ -108,6 +115,9 @@ impl Shard {
                 name.push_str(&word);
             }
         }
+        let digest = ring::digest::digest(&ring::digest::SHA256, selector.to_string().as_bytes());
+        name.push('-');
+        name.extend(digest.as_ref()[..4].iter().map(|b| format!("{b:02x}")));
         if name.len() > 253 {
             return Err(format!(
                 "the Lease name derived from the shard selector, {name:?}, is longer than 253 characters; shorten --leader-election-id or the selector"
@@ -167,12 +177,19 @@ fn split_requirements(text: &str) -> Result<Vec<&str>, String> {
         return Err(format!("unbalanced parentheses in the selector {text:?}"));
     }
     parts.push(&text[start..]);
-    Ok(parts.into_iter().map(str::trim).filter(|p| !p.is_empty()).collect())
+    let parts: Vec<&str> = parts.into_iter().map(str::trim).collect();
+    if parts.len() > 1 && parts.iter().any(|p| p.is_empty()) {
+        return Err(format!("an empty requirement in the selector {text:?} (a comma too many?)"));
+    }
+    Ok(parts.into_iter().filter(|p| !p.is_empty()).collect())
 }
 
 /// One requirement: `key`, `!key`, `key=v`, `key==v`, `key!=v`,
 /// `key in (..)`, `key notin (..)`.
 fn requirement(text: &str) -> Result<Expression, String> {
+    if text.contains(['<', '>']) {
+        return Err(format!("{text:?}: the operators < and > are not supported in a shard selector"));
+    }
     if let Some(key) = text.strip_prefix('!') {
         return Ok(Expression::DoesNotExist(label_key(key.trim())?));
     }
@@ -258,7 +275,7 @@ mod tests {
             ("shard", "shard"),
             ("shard!=a", "shard!=a"),
             ("shard in (b, a)", "shard in (a,b)"),
-            ("example.com/shard notin (a),tier=gold", "example.com/shard notin (a),tier=gold"),
+            ("tier=gold,example.com/shard notin (a)", "example.com/shard notin (a),tier=gold"),
         ];
         for (given, sent) in cases {
             assert_eq!(Shard::parse(given).unwrap().selector().as_deref(), Some(sent), "{given}");
@@ -276,6 +293,8 @@ mod tests {
             ("Bad_/x=1", "not a label key"),
             ("shard within (a)", "expected `key in"),
             ("-shard", "not a label key"),
+            ("shard=a,", "an empty requirement"),
+            ("shard>1", "not supported"),
             ("app=nginx", "set on Deployments by the controller"),
             ("!app.kubernetes.io/managed-by", "set on Deployments by the controller"),
         ] {
@@ -310,13 +329,19 @@ mod tests {
     fn each_shard_has_a_lease_of_its_own_named_after_its_selector() {
         let lease = |s: &str| Shard::parse(s).unwrap().lease_name("sample-controller").unwrap();
         assert_eq!(Shard::all().lease_name("sample-controller").unwrap(), "sample-controller");
-        assert_eq!(lease("shard=a"), "sample-controller-shard-a");
-        assert_eq!(lease("!shard"), "sample-controller-not-shard");
-        assert_eq!(lease("shard"), "sample-controller-shard");
-        assert_eq!(lease("shard!=a"), "sample-controller-shard-not-a");
-        assert_eq!(lease("example.com/Shard in (A,b)"), "sample-controller-example-com-shard-in-a-b");
-        let names: BTreeSet<String> = ["shard=a", "shard=b", "!shard", "shard", "shard!=a"].map(lease).into();
-        assert_eq!(names.len(), 5, "distinct shards, distinct Leases");
+        let spelt = |s: &str| lease(s).rsplit_once('-').unwrap().0.to_owned();
+        assert_eq!(spelt("shard=a"), "sample-controller-shard-a");
+        assert_eq!(spelt("!shard"), "sample-controller-not-shard");
+        assert_eq!(spelt("shard"), "sample-controller-shard");
+        assert_eq!(spelt("shard!=a"), "sample-controller-shard-not-a");
+        assert_eq!(spelt("example.com/Shard in (A,b)"), "sample-controller-example-com-shard-in-a-b");
+        assert_eq!(lease("shard=a").len(), "sample-controller-shard-a-".len() + 8, "8 hex digits of hash");
+        let names: BTreeSet<String> =
+            ["shard=a", "shard=b", "!shard", "shard", "shard!=a", "shard=A", "shard in (a,b)", "shard in (a-b)"]
+                .map(lease)
+                .into();
+        assert_eq!(names.len(), 8, "distinct shards, distinct Leases, even where their spelling folds together");
+        assert_eq!(lease("shard=a,tier=x"), lease("tier=x, shard=a"), "the order of requirements does not matter");
         let long = format!("k={}", "v".repeat(63));
         assert!(Shard::parse(&long).unwrap().lease_name(&"x".repeat(200)).unwrap_err().contains("253"));
     }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Patch, Preconditions};
+use kube::api::{DeleteParams, ListParams, Patch, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
@@ -209,11 +209,14 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
 /// True when the Foo, read afresh, no longer carries the labels our cached
 /// copy does: a Deployment in another shard than our copy of its Foo is one
 /// a newer Foo moved (a move *into* this shard reads the same labels twice).
-/// One read, only when a Deployment is to change shards.
+/// One read, only when a Deployment is to change shards: a LIST narrowed
+/// to the Foo's name, which the operator's ClusterRole grants (a GET it
+/// does not: nothing else reads a single Foo).
 async fn moved_since_cached(foo: &Foo, followed: &FollowedLabels, target: &Target, ctx: &Context) -> Result<bool> {
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    let fresh = foos.get_opt(&target.name).await.map_err(target.api_error(ApiAction::GetFoo))?;
-    Ok(fresh.is_none_or(|fresh| {
+    let by_name = ListParams::default().fields(&format!("metadata.name={}", target.name));
+    let listed = foos.list(&by_name).await.map_err(target.api_error(ApiAction::ListFoo))?;
+    Ok(listed.items.into_iter().next().is_none_or(|fresh| {
         fresh.uid() != foo.uid() || ctx.caches.shard.follow(fresh.metadata.labels.as_ref()) != *followed
     }))
 }
