@@ -378,6 +378,16 @@ mod tests {
         assert_eq!(status.conditions[0].status, "False", "1/3 available is not ready");
     }
 
+    /// The merge patch that sets `labels` on example-foo's Deployment and
+    /// nothing else, conditional on the object checked.
+    fn label_patch(labels: serde_json::Value) -> serde_json::Value {
+        serde_json::json!({ "metadata": {
+            "uid": "uid-deploy-example-foo",
+            "resourceVersion": "200",
+            "labels": labels,
+        }})
+    }
+
     /// A Deployment of `foo` as the shard `labels` made it.
     fn in_shard(foo: &Foo, labels: &[(&str, &str)]) -> DeploymentView {
         let mut d = DeploymentView::owned_by(foo).replicas(1).available(1);
@@ -406,15 +416,8 @@ mod tests {
         let d = in_shard(&foo, &[("shard", "a")]);
         let plan = decide(&foo, Some(&d), &[], &shard.follow(foo.metadata.labels.as_ref()), &now());
         let DeploymentAction::Patch(patch) = &plan.deployment else { panic!("expected a patch, got {plan:?}") };
-        assert_eq!(
-            patch.body(),
-            serde_json::json!({ "metadata": {
-                "uid": "uid-deploy-example-foo",
-                "resourceVersion": "200",
-                "labels": { "shard": "b" },
-            }}),
-            "metadata only, conditional on the object checked"
-        );
+        let labels = serde_json::json!({ "shard": "b" });
+        assert_eq!(patch.body(), label_patch(labels), "metadata only, conditional on the object checked");
         let moved = in_shard(&foo, &[("shard", "b")]);
         let again = decide(&foo, Some(&moved), &[], &shard.follow(foo.metadata.labels.as_ref()), &now());
         assert_eq!(again.deployment, DeploymentAction::Keep, "in its shard: nothing to write");
@@ -437,15 +440,8 @@ mod tests {
         let d = DeploymentView::made_by_upstream(&foo).replicas(2).available(2);
         let plan = decide(&foo, Some(&d), &[], UNSHARDED, &now());
         let DeploymentAction::Patch(patch) = &plan.deployment else { panic!("expected a patch, got {plan:?}") };
-        assert_eq!(
-            patch.body(),
-            serde_json::json!({ "metadata": {
-                "uid": "uid-deploy-example-foo",
-                "resourceVersion": "200",
-                "labels": { "app.kubernetes.io/managed-by": "sample-controller" },
-            }}),
-            "metadata only: no spec, so no rollout"
-        );
+        let labels = serde_json::json!({ "app.kubernetes.io/managed-by": "sample-controller" });
+        assert_eq!(patch.body(), label_patch(labels), "metadata only: no spec, so no rollout");
         assert_eq!(plan.outcome, Outcome::Synced);
         assert_eq!(plan.status.unwrap().conditions[0].status, "True");
     }

@@ -23,7 +23,7 @@ use sample_controller::deployment::{DeploymentView, desired_deployment};
 use sample_controller::error::{ApiAction, SyncError as Error};
 use sample_controller::leader::Fence;
 use sample_controller::metrics::Metrics;
-use sample_controller::shard::UNSHARDED;
+use sample_controller::shard::{Shard, UNSHARDED};
 use sample_controller::sync::{Context, error_policy, reconcile};
 use sample_controller::testing::{DeploymentFixture, FooFixture, metric_value};
 use serde_json::{Value, json};
@@ -31,7 +31,7 @@ use tower_test::mock::{Handle, SendResponse};
 
 mod common;
 
-use common::caches_holding;
+use common::{caches_holding, caches_of_shard};
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
@@ -39,6 +39,7 @@ const DEPLOYMENT: &str = "/apis/apps/v1/namespaces/default/deployments/example-f
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/default/deployments";
 const FOO_STATUS: &str = "/apis/samplecontroller.k8s.io/v1alpha1/namespaces/default/foos/example-foo/status";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+const FOOS: &str = "/apis/samplecontroller.k8s.io/v1alpha1/namespaces/default/foos";
 
 /// A check of a request's JSON body.
 type BodyCheck = Box<dyn Fn(&Value) + Send>;
@@ -129,6 +130,15 @@ impl Mock {
     /// operator starts the pass when it takes the Lease.
     async fn fenced(foos: &[Foo], fence: Arc<Fence>) -> Self {
         Self::with(foos, &[], fence.holds(), Some(fence)).await
+    }
+
+    /// As the operator of `shard` is, with `foos` in its cache.
+    async fn sharded(shard: &str, foos: &[Foo]) -> Self {
+        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let caches = caches_of_shard(&Shard::parse(shard).unwrap(), foos, &[]).await;
+        let adoption = Arc::new(Adoption::none());
+        Mock { ctx: Arc::new(Context::new(client, caches, adoption, Arc::new(Metrics::new()), None, None)), handle }
     }
 
     async fn with(foos: &[Foo], deployments: &[Deployment], adopt: bool, fence: Option<Arc<Fence>>) -> Self {
@@ -507,4 +517,63 @@ async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until
     assert!(fence.in_doubt() && !fence.holds(), "the fence is in doubt");
     let again = mock.sync(&foo, vec![]).await.unwrap();
     assert_eq!(again, Action::requeue(Duration::from_secs(1)), "held, not dropped, while the Lease is checked");
+}
+
+/// The example Foo's Deployment, synced, as the shard `label` made it.
+fn in_shard(foo: &Foo, label: &str) -> Deployment {
+    let mut d = Deployment::owned_by(foo).replicas(1).available(1);
+    d.metadata.labels.get_or_insert_default().insert("shard".into(), label.into());
+    d
+}
+
+/// The create that meets the Deployment its cache lacks, and the read of it.
+fn create_meets(d: &Deployment) -> Vec<Expect> {
+    vec![
+        expect(Method::POST, DEPLOYMENTS)
+            .reply(StatusCode::CONFLICT, status(StatusCode::CONFLICT, "AlreadyExists", "already exists")),
+        expect(Method::GET, DEPLOYMENT).reply(StatusCode::OK, d),
+    ]
+}
+
+/// The Foo read afresh: a list narrowed to its name (`get` is not granted).
+fn foo_listed(foo: &Foo) -> Expect {
+    let list = json!({ "apiVersion": "samplecontroller.k8s.io/v1alpha1", "kind": "FooList", "metadata": {},
+        "items": [foo] });
+    expect(Method::GET, FOOS).query("fieldSelector=metadata.name%3Dexample-foo").reply(StatusCode::OK, list)
+}
+
+#[tokio::test]
+async fn a_foo_moved_into_the_shard_has_its_deployment_relabelled_after_one_fresh_read() {
+    let foo = example_foo(1).label("shard", "b");
+    let d = in_shard(&foo, "a");
+    let foo = synced_with(foo, &d);
+    let mut mock = Mock::sharded("shard=b", std::slice::from_ref(&foo)).await;
+    let mut scenario = create_meets(&d);
+    scenario.push(foo_listed(&foo));
+    scenario.push(
+        expect(Method::PATCH, DEPLOYMENT)
+            .body(|body| {
+                assert_eq!(body["metadata"]["labels"], json!({ "shard": "b" }));
+                assert_eq!(body.get("spec"), None, "metadata only: no rollout");
+            })
+            .reply(StatusCode::OK, in_shard(&foo, "b")),
+    );
+    scenario.push(Expect::event("Normal", "Synced"));
+    assert_eq!(mock.sync(&foo, scenario).await.unwrap(), Action::await_change());
+}
+
+#[tokio::test]
+async fn a_shard_whose_copy_of_a_foo_is_older_than_its_move_writes_nothing() {
+    // Shard a still caches the Foo as it was; the Foo, now in shard b, had
+    // its Deployment relabelled by b.
+    let cached = example_foo(1).label("shard", "a");
+    let d = in_shard(&cached, "b");
+    let cached = synced_with(cached, &d);
+    let mut moved = cached.clone();
+    moved.metadata.labels = Some([("shard".to_owned(), "b".to_owned())].into());
+    let mut mock = Mock::sharded("shard=a", std::slice::from_ref(&cached)).await;
+    let mut scenario = create_meets(&d);
+    scenario.push(foo_listed(&moved));
+    let retry = mock.sync(&cached, scenario).await.unwrap();
+    assert_ne!(retry, Action::await_change(), "looked at again later, when the watch has caught up");
 }

@@ -60,12 +60,17 @@ pub fn context(client: Client, caches: Caches, metrics: Arc<Metrics>) -> Arc<Con
 /// list would fill them; they change only when the test says so, so a test
 /// can make them lag behind the API server.
 pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches {
+    caches_of_shard(&Shard::all(), foos, deployments).await
+}
+
+/// [`caches_holding`], as the caches of `shard` hold them (trimmed to the
+/// labels its Deployments follow).
+pub async fn caches_of_shard(shard: &Shard, foos: &[Foo], deployments: &[Deployment]) -> Caches {
     let views: Vec<DeploymentView> = deployments.iter().cloned().map(DeploymentView::from).collect();
-    let all = Shard::all();
     Caches {
-        foos: filled(foos, trim_foo(&all)).await,
-        deployments: filled(&views, trim_deployment(&all)).await,
-        shard: all,
+        foos: filled(foos, trim_foo(shard)).await,
+        deployments: filled(&views, trim_deployment(shard)).await,
+        shard: shard.clone(),
     }
 }
 
