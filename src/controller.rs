@@ -130,34 +130,29 @@ pub fn changed_foos(
     events: impl Stream<Item = watcher::Result<watcher::Event<Foo>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<Foo>> + Send + 'static {
     use watcher::Event;
+    // During a relist, what it holds goes into a map of its own, which
+    // replaces the last at its end: what it no longer holds is forgotten.
     let (mut seen, mut relist) = (HashMap::<ObjectRef<Foo>, u64>::new(), None::<HashMap<ObjectRef<Foo>, u64>>);
     events.filter_map(move |event| {
-        let changed = |map: &mut HashMap<_, _>, foo: Foo, before: Option<u64>| {
-            let now = sync_worthy(&foo);
-            map.insert(ObjectRef::from_obj(&foo), now);
-            (before != Some(now)).then_some(Ok(foo))
-        };
         let out = match event {
             Err(e) => Some(Err(e)),
             Ok(Event::Init) => {
                 relist = Some(HashMap::new());
                 None
             }
-            Ok(Event::InitApply(foo)) => {
-                let before = seen.get(&ObjectRef::from_obj(&foo)).copied();
-                changed(relist.get_or_insert_default(), foo, before)
-            }
             Ok(Event::InitDone) => {
                 seen = relist.take().unwrap_or_default();
                 None
             }
-            Ok(Event::Apply(foo)) => {
-                let before = seen.get(&ObjectRef::from_obj(&foo)).copied();
-                changed(&mut seen, foo, before)
-            }
             Ok(Event::Delete(foo)) => {
                 seen.remove(&ObjectRef::from_obj(&foo));
                 None
+            }
+            Ok(Event::Apply(foo) | Event::InitApply(foo)) => {
+                let (key, now) = (ObjectRef::from_obj(&foo), sync_worthy(&foo));
+                let before = seen.get(&key).copied();
+                relist.as_mut().unwrap_or(&mut seen).insert(key, now);
+                (before != Some(now)).then_some(Ok(foo))
             }
         };
         std::future::ready(out)
