@@ -16,7 +16,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::{WatchStreamExt, watcher};
 use tracing::{debug, info};
 
-use crate::cache::{Cache, Caches, trim_deployment, trim_foo};
+use crate::cache::{Cache, Caches, by_name, trim_deployment, trim_foo};
 use crate::client::api;
 use crate::deployment::{DeploymentView, controlling_foo, managed_selector};
 use crate::error::SyncError;
@@ -132,6 +132,7 @@ pub fn changed_foos(
     use watcher::Event;
     // During a relist, what it holds goes into a map of its own, which
     // replaces the last at its end: what it no longer holds is forgotten.
+    // Keyed by name and namespace only (`by_name`): the uid is in the hash.
     let (mut seen, mut relist) = (HashMap::<ObjectRef<Foo>, u64>::new(), None::<HashMap<ObjectRef<Foo>, u64>>);
     events.filter_map(move |event| {
         let out = match event {
@@ -145,11 +146,11 @@ pub fn changed_foos(
                 None
             }
             Ok(Event::Delete(foo)) => {
-                seen.remove(&ObjectRef::from_obj(&foo));
+                seen.remove(&by_name(&foo));
                 None
             }
             Ok(Event::Apply(foo) | Event::InitApply(foo)) => {
-                let (key, now) = (ObjectRef::from_obj(&foo), sync_worthy(&foo));
+                let (key, now) = (by_name(&foo), sync_worthy(&foo));
                 let before = seen.get(&key).copied();
                 relist.as_mut().unwrap_or(&mut seen).insert(key, now);
                 (before != Some(now)).then_some(Ok(foo))

@@ -30,6 +30,9 @@ use prometheus_client::registry::Registry;
 /// A queued Foo: `namespace/name`.
 pub type Key = String;
 
+/// Slots the pending table keeps once empty; a larger one is let go.
+const KEPT: usize = 64;
+
 /// The key of `obj` in the queue: `namespace/name`, as client-go's
 /// `MetaNamespaceKeyFunc`.
 pub fn queue_key<K: Resource>(obj: &ObjectRef<K>) -> Key {
@@ -131,6 +134,10 @@ impl QueueMetrics {
         let now = Instant::now();
         let mut state = self.state();
         let waited = state.pending.remove(key).map_or(Duration::ZERO, |due| now.saturating_duration_since(due));
+        if state.pending.is_empty() && state.pending.capacity() > KEPT {
+            // A burst (a restore, a relist) is over: its table goes too.
+            state.pending.shrink_to_fit();
+        }
         let id = state.next_id;
         state.next_id += 1;
         state.running.insert(id, now);
@@ -202,5 +209,16 @@ mod tests {
         q.forget("ns/b");
         assert_eq!(q.snapshot().0, 0);
         assert_eq!(q.retries.get(), 1);
+    }
+
+    #[test]
+    fn a_drained_burst_lets_its_table_go() {
+        let q = QueueMetrics::default();
+        let keys: Vec<Key> = (0..10_000).map(|i| format!("ns/foo-{i}")).collect();
+        keys.iter().for_each(|k| q.added(k.clone()));
+        keys[..9_999].iter().for_each(|k| drop(q.started(k)));
+        assert!(q.state().pending.capacity() >= 10_000, "still one waiting: the table stays");
+        drop(q.started(&keys[9_999]));
+        assert!(q.state().pending.capacity() <= KEPT, "{} slots kept", q.state().pending.capacity());
     }
 }

@@ -4,9 +4,10 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Resource, ResourceExt};
 
+use super::by_name;
 use crate::deployment::controller_of;
 
 /// The uid of `obj`'s controller, if it has one.
@@ -37,9 +38,7 @@ impl<K: Resource<DynamicType = ()>> ByController<K> {
     }
 
     pub(super) fn apply(&mut self, obj: &K) {
-        // Name and namespace only (keys compare on those): no copies of the
-        // uid and resourceVersion per entry.
-        let key = ObjectRef::new(&obj.name_any()).within(obj.namespace().as_deref().unwrap_or_default());
+        let key = by_name(obj);
         self.remove(&key);
         if let Some(uid) = controller_uid(obj) {
             self.keys.entry(uid.to_owned()).or_insert_with(|| Vec::with_capacity(1)).push(key.clone());
