@@ -16,6 +16,10 @@ export LOCAL_UP_DIR="$REPO_ROOT/.local/bench-control-plane"
 bench_plane() { # scale
   if (( $1 )); then
     export LOCAL_UP_CONTROLLERS='*,-deployment-controller,-replicaset-controller'
+    # etcd's largest recommended quota (its default is 2 GiB), as a large
+    # cluster runs: 100 000 Foos, their Deployments and Events, and the
+    # history of the runs before, outgrow the default.
+    export LOCAL_UP_ETCD_QUOTA=$((8 << 30))
   fi
   mkdir -p .local
   rm -f "$AUDIT"

@@ -26,7 +26,12 @@
 #     one's memory.
 # It also draws the Foos converged over time, ours and the floor's at the
 # same concurrency (the best run of each), into SVG (default
-# docs/bench-convergence.svg; N=10000 writes docs/bench-convergence-scale.svg).
+# docs/bench-convergence.svg; in scale mode docs/bench-convergence-scale.svg,
+# and past 10 000 Foos docs/bench-convergence-<N>.svg). The summary is kept
+# in .local/ by N and build, and the runs of the same build at other N are
+# printed beside it:
+#
+#   N=10000 hack/bench.sh && N=100000 RUNS=1 SHARDS=0 FOREIGN= hack/bench.sh
 #
 #   MODE=ha hack/bench.sh          # two replicas as deploy/ runs them: hack/bench-ha.sh
 #   MODE=overload hack/bench.sh    # under injected faults, beside client-go: hack/bench-overload.sh
@@ -42,8 +47,9 @@ WORKERS="${WORKERS:-}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 RUNS="${RUNS:-2}"
 SHARDS="${SHARDS:-3}" # label shards for the last step; 0 or 1: none
-SVG="${SVG:-docs/bench-convergence$( ((SCALE)) && echo -scale || true).svg}"
+SVG="${SVG:-docs/bench-convergence$( ((N > 10000)) && echo "-$N" || { ((SCALE)) && echo -scale; } || true).svg}"
 FLOOR_UA="sample-controller-floor/"
+build=$(git describe --always --dirty) # before this run writes its SVG into docs/
 
 trap 'kill "${pid:-}" 2>/dev/null || true; hack/local-down.sh' EXIT
 bench_plane "$SCALE"
@@ -217,8 +223,10 @@ python3 hack/audit.py svg "$SVG" "$N Foos converging, --workers $WORKERS_USED (b
 
 per_foo() { calc %.2f "$1 / $2"; }
 ratio() { calc %.2f "$1 / $2"; }
+summary=".local/bench-summary-$build-N$N.txt"
+{
 echo
-echo "sample-controller benchmark: N=$N Foos, --workers $WORKERS_USED$( ((SCALE)) && echo ', scale mode (no Deployment/ReplicaSet controllers)')"
+echo "sample-controller benchmark (build $build, $(date -u +%F)): N=$N Foos, --workers $WORKERS_USED$( ((SCALE)) && echo ', scale mode (no Deployment/ReplicaSet controllers)')"
 echo
 printf '%-58s %s\n' "converged (every Foo has its Deployment and status)" "${ours}s  (runs: ${runs[ours]})"
 for c in "${concurrencies[@]}"; do
@@ -249,3 +257,8 @@ if (( SHARDS > 1 )); then
   printf '%-58s %s\n' "$SHARDS label shards: RSS of each after convergence" "${shard_rss[*]} MiB  (one operator: $rss_converged MiB)"
 fi
 printf '%-58s %s\n' "convergence curve" "$SVG"
+} | tee "$summary"
+for other in .local/bench-summary-"$build"-N*.txt; do
+  [[ -e "$other" && "$other" != "$summary" ]] && { echo; echo "the same build, an earlier run:"; cat "$other"; }
+done
+true

@@ -126,7 +126,7 @@ start etcd --name local --data-dir "$DIR/etcd" \
   --listen-client-urls "http://127.0.0.1:$ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$ETCD_PORT" \
   --listen-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" --initial-advertise-peer-urls "http://127.0.0.1:$ETCD_PEER_PORT" \
   --initial-cluster "local=http://127.0.0.1:$ETCD_PEER_PORT" \
-  --unsafe-no-fsync --listen-metrics-urls "" --log-level warn
+  --unsafe-no-fsync --listen-metrics-urls "" --log-level warn ${LOCAL_UP_ETCD_QUOTA:+--quota-backend-bytes "$LOCAL_UP_ETCD_QUOTA"}
 plane_wait etcd 60 component_serving etcd
 
 audit_flags=()
