@@ -132,7 +132,8 @@ pub fn changed_foos(
     use watcher::Event;
     // During a relist, what it holds goes into a map of its own, which
     // replaces the last at its end: what it no longer holds is forgotten.
-    // Keyed by name and namespace only (`by_name`): the uid is in the hash.
+    // Keyed by name and namespace only (`by_name`): `sync_worthy` includes
+    // the uid, so a Foo deleted and made again under its name is new.
     let (mut seen, mut relist) = (HashMap::<ObjectRef<Foo>, u64>::new(), None::<HashMap<ObjectRef<Foo>, u64>>);
     events.filter_map(move |event| {
         let out = match event {

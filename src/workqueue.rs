@@ -63,6 +63,20 @@ struct State {
     next_id: u64,
 }
 
+impl State {
+    /// Take `key` off the pending table. Once a burst (a restore, a relist)
+    /// has drained, its table goes too, even if a few Foos still wait out a
+    /// retry.
+    fn take(&mut self, key: &str) -> Option<Instant> {
+        let due = self.pending.remove(key);
+        let (len, capacity) = (self.pending.len(), self.pending.capacity());
+        if capacity > KEPT && len * 4 < capacity {
+            self.pending.shrink_to((len * 2).max(KEPT / 2));
+        }
+        due
+    }
+}
+
 /// Held while a sync runs; records its work duration when dropped.
 pub struct Working<'a> {
     queue: &'a QueueMetrics,
@@ -124,20 +138,16 @@ impl QueueMetrics {
         self.state().pending.entry(key).or_insert_with(|| Instant::now() + delay);
     }
 
-    /// `key` will not be synced (it was deleted).
+    /// `key` will not be synced (it was deleted, or a standby passed it by).
     pub fn forget(&self, key: &str) {
-        self.state().pending.remove(key);
+        self.state().take(key);
     }
 
     /// A sync of `key` starts; hold the guard until it ends.
     pub fn started(&self, key: &str) -> Working<'_> {
         let now = Instant::now();
         let mut state = self.state();
-        let waited = state.pending.remove(key).map_or(Duration::ZERO, |due| now.saturating_duration_since(due));
-        if state.pending.is_empty() && state.pending.capacity() > KEPT {
-            // A burst (a restore, a relist) is over: its table goes too.
-            state.pending.shrink_to_fit();
-        }
+        let waited = state.take(key).map_or(Duration::ZERO, |due| now.saturating_duration_since(due));
         let id = state.next_id;
         state.next_id += 1;
         state.running.insert(id, now);
@@ -216,9 +226,13 @@ mod tests {
         let q = QueueMetrics::default();
         let keys: Vec<Key> = (0..10_000).map(|i| format!("ns/foo-{i}")).collect();
         keys.iter().for_each(|k| q.added(k.clone()));
-        keys[..9_999].iter().for_each(|k| drop(q.started(k)));
-        assert!(q.state().pending.capacity() >= 10_000, "still one waiting: the table stays");
-        drop(q.started(&keys[9_999]));
-        assert!(q.state().pending.capacity() <= KEPT, "{} slots kept", q.state().pending.capacity());
+        keys[..5_000].iter().for_each(|k| drop(q.started(k)));
+        assert!(q.state().pending.capacity() >= 10_000, "half still waiting: the table stays");
+        q.retried("ns/failing".into(), Duration::from_secs(600));
+        keys[5_000..9_000].iter().for_each(|k| drop(q.started(k)));
+        keys[9_000..].iter().for_each(|k| q.forget(k)); // a standby passes them by
+        let state = q.state();
+        assert_eq!(state.pending.len(), 1, "the retry still waits");
+        assert!(state.pending.capacity() <= KEPT, "{} slots kept", state.pending.capacity());
     }
 }
