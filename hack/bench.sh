@@ -49,7 +49,13 @@ RUNS="${RUNS:-2}"
 SHARDS="${SHARDS:-3}" # label shards for the last step; 0 or 1: none
 SVG="${SVG:-docs/bench-convergence$( ((N > 10000)) && echo "-$N" || { ((SCALE)) && echo -scale; } || true).svg}"
 FLOOR_UA="sample-controller-floor/"
-build=$(git describe --always --dirty) # before this run writes its SVG into docs/
+# The build measured: the newest commit that changed what runs (the code,
+# the benchmark's clients), "-modified" when the working tree's differs.
+# Docs, hack/ and this run's SVG are not part of it, so two runs of one
+# build find each other.
+code=(src benches Cargo.toml Cargo.lock)
+build=$(git log -1 --format=%h -- "${code[@]}")
+git diff --quiet HEAD -- "${code[@]}" || build+=-modified
 
 trap 'kill "${pid:-}" 2>/dev/null || true; hack/local-down.sh' EXIT
 bench_plane "$SCALE"

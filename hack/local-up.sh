@@ -15,7 +15,8 @@
 # LOCAL_UP_AUDIT_LOG=PATH makes the API server write an audit log (Metadata
 # level, one JSON line per request: verb, resource, user, User-Agent), for
 # counting each client's requests. LOCAL_UP_CONTROLLERS sets
-# kube-controller-manager's --controllers (default '*').
+# kube-controller-manager's --controllers (default '*'), and
+# LOCAL_UP_ETCD_QUOTA etcd's --quota-backend-bytes (default etcd's, 2 GiB).
 # The binaries come from hack/build-control-plane.sh (or KUBEBUILDER_ASSETS).
 # All output but the final export line goes to stderr.
 set -euo pipefail
