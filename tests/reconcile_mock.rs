@@ -31,7 +31,7 @@ use tower_test::mock::{Handle, SendResponse};
 
 mod common;
 
-use common::{caches_holding, caches_of_shard};
+use common::caches_of_shard;
 
 type ApiHandle = Handle<Request<Body>, Response<Body>>;
 
@@ -134,17 +134,23 @@ impl Mock {
 
     /// As the operator of `shard` is, with `foos` in its cache.
     async fn sharded(shard: &str, foos: &[Foo]) -> Self {
-        let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let client = Client::new(service, "default");
-        let caches = caches_of_shard(&Shard::parse(shard).unwrap(), foos, &[]).await;
-        let adoption = Arc::new(Adoption::none());
-        Mock { ctx: Arc::new(Context::new(client, caches, adoption, Arc::new(Metrics::new()), None, None)), handle }
+        Self::of_shard(&Shard::parse(shard).unwrap(), foos, &[], false, None).await
     }
 
     async fn with(foos: &[Foo], deployments: &[Deployment], adopt: bool, fence: Option<Arc<Fence>>) -> Self {
+        Self::of_shard(&Shard::all(), foos, deployments, adopt, fence).await
+    }
+
+    async fn of_shard(
+        shard: &Shard,
+        foos: &[Foo],
+        deployments: &[Deployment],
+        adopt: bool,
+        fence: Option<Arc<Fence>>,
+    ) -> Self {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
-        let caches = caches_holding(foos, deployments).await;
+        let caches = caches_of_shard(shard, foos, deployments).await;
         let adoption = if adopt {
             let adoption = Arc::new(Adoption::new(Api::namespaced(client.clone(), "default"), 1));
             start_adoption(&caches, &adoption, fence.clone());
