@@ -23,7 +23,8 @@ pub const DEFAULT_WORKERS: u16 = 16;
     about = "Reconciles samplecontroller.k8s.io/v1alpha1 Foos into nginx Deployments.",
     long_about = "Reconciles samplecontroller.k8s.io/v1alpha1 Foos into nginx Deployments.\n\n\
         Cluster access is found the usual way (--kubeconfig, then KUBECONFIG, then ~/.kube/config, \
-        then the in-cluster service account); --master overrides the API server address.\n\
+        then the in-cluster service account); --master overrides the API server address, and \
+        without --kubeconfig it connects to that address with no credentials at all, as upstream.\n\
         Logging is controlled by RUST_LOG (default: info, without kube-client's per-request error logs)."
 )]
 pub struct Cli {
@@ -31,7 +32,8 @@ pub struct Cli {
     #[arg(long, env = "SAMPLE_CONTROLLER_KUBECONFIG", value_name = "PATH")]
     pub kubeconfig: Option<String>,
 
-    /// The address of the Kubernetes API server. Overrides any value in kubeconfig.
+    /// The address of the Kubernetes API server. Overrides any value in kubeconfig; without
+    /// --kubeconfig, requests go to it with no credentials (as upstream's).
     #[arg(long, env = "SAMPLE_CONTROLLER_MASTER", value_name = "URL", value_parser = parse_master)]
     pub master: Option<http::Uri>,
 
@@ -57,13 +59,15 @@ pub struct Cli {
     #[arg(long, env = "SAMPLE_CONTROLLER_WORKERS", default_value_t = DEFAULT_WORKERS, value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: u16,
 
-    /// Address for Prometheus metrics (/metrics); "0" disables it.
-    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = ":8080", value_name = "ADDR", value_parser = parse_bind_address)]
+    /// Address for Prometheus metrics (/metrics), e.g. ":8443"; "0" (the default, as kubebuilder's)
+    /// serves none, so a bare run opens no port but the probes'.
+    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = "0", value_name = "ADDR", value_parser = parse_bind_address)]
     pub metrics_bind_address: BindAddress,
 
     /// Serve metrics over HTTPS, only to callers whose bearer token passes a TokenReview and a
-    /// SubjectAccessReview for get on /metrics (on in deploy/, on :8443).
-    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_SECURE", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
+    /// SubjectAccessReview for get on /metrics (the default, as kubebuilder's); false serves
+    /// them over plain HTTP to anyone who can connect.
+    #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_SECURE", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
     pub metrics_secure: bool,
 
     /// Directory holding the metrics certificate as tls.crt and tls.key (a kubernetes.io/tls
@@ -164,6 +168,13 @@ mod tests {
     }
 
     #[test]
+    fn version_names_the_crate_version() {
+        let shown = Cli::try_parse_from(["sample-controller", "--version"]).unwrap_err();
+        assert_eq!(shown.kind(), clap::error::ErrorKind::DisplayVersion);
+        assert_eq!(shown.to_string().trim(), format!("sample-controller {}", env!("CARGO_PKG_VERSION")));
+    }
+
+    #[test]
     fn durations_in_go_forms() {
         let ok = [
             ("15s", Duration::from_secs(15)),
@@ -183,13 +194,20 @@ mod tests {
         }
     }
 
+    /// kubebuilder's scaffold: metrics off, and secure once an address turns
+    /// them on; probes on :8081.
     #[test]
     fn defaults_match_kubebuilder() {
         let cli = Cli::try_parse_from(["sample-controller"]).unwrap();
         assert_eq!(cli.workers, DEFAULT_WORKERS);
         assert!(!cli.leader_elect);
-        assert_eq!(cli.metrics_bind_address, BindAddress(Some("0.0.0.0:8080".parse().unwrap())));
+        assert_eq!(cli.metrics_bind_address, BindAddress(None));
+        assert!(cli.metrics_secure);
         assert_eq!(cli.health_probe_bind_address, BindAddress(Some("0.0.0.0:8081".parse().unwrap())));
+        let cli = Cli::try_parse_from(["sample-controller", "--metrics-bind-address", ":8443"]).unwrap();
+        assert!(cli.metrics_secure, "turning metrics on must not turn their authentication off");
+        let cli = Cli::try_parse_from(["sample-controller", "--metrics-secure=false"]).unwrap();
+        assert!(!cli.metrics_secure);
         let cli = Cli::try_parse_from(["sample-controller", "--leader-elect", "--workers", "4"]).unwrap();
         assert!(cli.leader_elect);
         assert_eq!(cli.workers, 4);

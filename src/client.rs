@@ -61,7 +61,8 @@ pub enum ConfigError {
 
 /// Client configuration: `kubeconfig` (`--kubeconfig`, or KUBECONFIG), else
 /// kube's inference (~/.kube/config, then in-cluster); `master` overrides
-/// the server address, as upstream's `clientcmd.BuildConfigFromFlags`.
+/// the server address, as upstream's `clientcmd.BuildConfigFromFlags`, which
+/// with a master and no kubeconfig reads no kubeconfig at all: no credentials.
 pub async fn config(kubeconfig: Option<&str>, master: Option<&Uri>) -> Result<Config, ConfigError> {
     let mut config = match (kubeconfig, master) {
         (Some(path), _) => {

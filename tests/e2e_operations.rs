@@ -5,12 +5,15 @@
 
 mod common;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
 use kube::api::PostParams;
 use sample_controller::Foo;
 use sample_controller::constants::USER_AGENT;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const FAILED_RECONCILES_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
 
@@ -214,6 +217,91 @@ async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
     .await;
     assert_eq!(metric(&standby, LEADER_SERIES).await, Some(1.0));
     std::fs::remove_file(&relayed_kubeconfig).ok();
+}
+
+/// Started with nothing but where its cluster is, as upstream's README
+/// starts upstream's binary, the operator listens on one port, the probes'
+/// (:8081, as kubebuilder's), and nothing there serves metrics; metrics
+/// turned on by an address alone come over HTTPS and only to a token.
+#[tokio::test]
+async fn a_bare_run_listens_only_for_probes_and_metrics_come_on_secure() {
+    let ns = TestNamespace::new("bare").await;
+    let log = std::fs::File::create(format!("{}/{}-bare.log", env!("CARGO_TARGET_TMPDIR"), ns.name)).unwrap();
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sample-controller"));
+    cmd.args(["--kubeconfig", &kubeconfig_path(), "--namespace", &ns.name])
+        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG")
+        .stderr(log);
+    let mut bare = Process::start(&mut cmd, "the operator with no flags");
+    wait_until("the bare operator to be ready on :8081", TIMEOUT, || async {
+        (http_get(8081, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
+    assert!(bare.try_wait().unwrap().is_none(), "the bare operator exited");
+    let ports = listening_ports(bare.id());
+    assert_eq!(ports, [8081].into(), "a bare run must listen for its probes only");
+    for port in ports {
+        let (code, _) = http_get(port, "/metrics").await.expect("an answer");
+        assert_eq!(code, 404, "port {port} serves /metrics to anyone");
+        assert_eq!(https_get(port, "/metrics", None, &[]).0, 0, "port {port} speaks TLS");
+    }
+    drop(bare);
+
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sample-controller"));
+    cmd.args(["--kubeconfig", &kubeconfig_path(), "--namespace", &ns.name])
+        .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
+        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
+    let op = start_logged(cmd, &format!("{}-metrics-on", ns.name)).await;
+    assert_eq!(https_get(op.metrics, "/metrics", None, &[]).0, 401, "metrics without a token");
+    assert_eq!(http_get(op.metrics, "/metrics").await.map(|a| a.0), None, "metrics over plain HTTP");
+}
+
+/// An HTTP CONNECT proxy on a port of loopback, as a corporate network's:
+/// each tunnel it opens is counted.
+async fn connect_proxy() -> (u16, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let tunnels = Arc::new(AtomicUsize::new(0));
+    let counted = tunnels.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let counted = counted.clone();
+            tokio::spawn(async move {
+                let mut head = Vec::new();
+                while !head.ends_with(b"\r\n\r\n") {
+                    let mut byte = [0u8; 1];
+                    if client.read_exact(&mut byte).await.is_err() {
+                        return;
+                    }
+                    head.push(byte[0]);
+                }
+                let head = String::from_utf8_lossy(&head).into_owned();
+                let Some(target) = head.strip_prefix("CONNECT ").and_then(|r| r.split_whitespace().next()) else {
+                    let _ = client.write_all(b"HTTP/1.1 405 Method Not Allowed\r\n\r\n").await;
+                    return;
+                };
+                let Ok(mut upstream) = tokio::net::TcpStream::connect(target).await else { return };
+                counted.fetch_add(1, Ordering::SeqCst);
+                let _ = client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n").await;
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            });
+        }
+    });
+    (port, tunnels)
+}
+
+/// Behind a proxy named by HTTPS_PROXY, as client-go honours it, the
+/// operator reaches the API server through the proxy's tunnels and
+/// reconciles.
+#[tokio::test]
+async fn behind_an_https_proxy_it_reconciles_through_the_proxy() {
+    let ns = TestNamespace::new("proxy").await;
+    let (port, tunnels) = connect_proxy().await;
+    let mut cmd = operator_command(&ns.name, &kubeconfig_path(), &[]);
+    cmd.env("HTTPS_PROXY", format!("http://127.0.0.1:{port}")).env_remove("https_proxy").env_remove("NO_PROXY");
+    let _op = start_logged(cmd, &format!("{}-op", ns.name)).await;
+    create_foo(&ns.api(), "proxied", "proxied", Some(1)).await;
+    wait_until("the Deployment, made through the proxy", TIMEOUT, || async { deployment(&ns, "proxied").await }).await;
+    assert!(tunnels.load(Ordering::SeqCst) >= 1, "no request went through the proxy");
 }
 
 #[tokio::test]

@@ -2,6 +2,7 @@
 //! the client-go examples, Prometheus — each a [`Process`] killed when
 //! dropped, so a failing test leaves nothing running.
 
+use std::collections::{BTreeSet, HashSet};
 use std::ops::{Deref, DerefMut};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -56,6 +57,33 @@ pub fn signal(op: &Operator, signal: &str) {
     assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success(), "kill {signal} {pid}");
 }
 
+/// The ports `pid` listens on — TCP in LISTEN, UDP bound — over IPv4 and
+/// IPv6, from /proc: the kernel's socket tables, matched by inode against
+/// the sockets among the process's open files. The tests' own connections
+/// are not the process's sockets, so only what it opened is counted.
+pub fn listening_ports(pid: u32) -> BTreeSet<u16> {
+    let inodes: HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("read the open files of process {pid}: {e}"))
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|link| Some(link.to_str()?.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned()))
+        .collect();
+    let mut ports = BTreeSet::new();
+    // st: 0A is TCP_LISTEN; a bound, unconnected UDP socket reads 07.
+    for (table, listening) in [("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")] {
+        let text = std::fs::read_to_string(format!("/proc/net/{table}")).unwrap_or_default();
+        for line in text.lines().skip(1) {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (Some(local), Some(st), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9)) else { continue };
+            if *st == listening && inodes.contains(*inode) {
+                let port = local.rsplit(':').next().and_then(|hex| u16::from_str_radix(hex, 16).ok());
+                ports.extend(port);
+            }
+        }
+    }
+    ports
+}
+
 /// Lease timings short enough for tests: 5 s lease, 3 s renew deadline,
 /// 1 s retry.
 pub const LEASE: Duration = Duration::from_secs(5);
@@ -65,14 +93,20 @@ pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name
 }
 
 /// The operator binary watching `ns`, as `kubeconfig` authenticates, on
-/// ports the kernel picks (it logs which).
+/// ports the kernel picks (it logs which); its metrics over plain HTTP for
+/// the tests to read, unless `extra` asks for `--metrics-secure`.
 pub fn operator_command(ns: &str, kubeconfig: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sample-controller"));
-    cmd.args(["--kubeconfig", kubeconfig, "--namespace", ns])
-        .args(["--metrics-bind-address", "127.0.0.1:0", "--health-probe-bind-address", "127.0.0.1:0"])
-        .args(extra)
-        .env("RUST_LOG", "info,sample_controller=debug")
-        .env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
+    cmd.args(["--kubeconfig", kubeconfig, "--namespace", ns]).args([
+        "--metrics-bind-address",
+        "127.0.0.1:0",
+        "--health-probe-bind-address",
+        "127.0.0.1:0",
+    ]);
+    if !extra.iter().any(|a| a.starts_with("--metrics-secure")) {
+        cmd.arg("--metrics-secure=false");
+    }
+    cmd.args(extra).env("RUST_LOG", "info,sample_controller=debug").env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
     cmd
 }
 
