@@ -21,13 +21,22 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 
 VERSION="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+LICENSES="$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
+# The commit, "-modified" when the working tree differs from it.
+REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
+[[ $REVISION == unknown ]] || git diff --quiet HEAD 2>/dev/null || REVISION+=-modified
+ARCH="$(image_arch)"
+# Where the source lives, when the clone says so (an https remote).
+SOURCE="$(git remote get-url origin 2>/dev/null | grep '^https://' || true)"
+build_args=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "LICENSES=$LICENSES"
+  ${SOURCE:+--label "org.opencontainers.image.source=$SOURCE"} --platform "linux/$ARCH")
 TAG="sample-controller:$VERSION"
 OUT="$REPO_ROOT/target/image"
 CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 [[ -f "$CA_BUNDLE" ]] || die "no CA bundle at $CA_BUNDLE (install ca-certificates or set CA_BUNDLE)"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
-log "building the release binary for $host, glibc linked statically"
+log "building the release binary for $host (image platform linux/$ARCH), glibc linked statically"
 # --target keeps these flags off the host's build scripts and proc macros,
 # and the output apart from the usual target/release.
 RUSTFLAGS="-C target-feature=+crt-static" \
@@ -43,7 +52,7 @@ cp "$binary" "$OUT/context/sample-controller"
 cp "$CA_BUNDLE" "$OUT/context/ca-certificates.crt"
 
 if [[ "${IMAGE_BUILDER:-buildah}" == docker ]]; then
-  docker build -f Dockerfile -t "$TAG" "$OUT/context" >&2
+  docker build "${build_args[@]}" -f Dockerfile -t "$TAG" "$OUT/context" >&2
   log "built $TAG with docker ($(docker image inspect -f '{{.Size}}' "$TAG") bytes)"
   exit 0
 fi
@@ -52,7 +61,7 @@ need_command buildah buildah "building the image without a Docker engine"
 # Its own storage, vfs: no overlay mounts or daemon, nothing outside target/.
 storage=(--root "$OUT/storage" --runroot "$OUT/run" --storage-driver vfs)
 log "building $TAG from Dockerfile with buildah"
-buildah "${storage[@]}" build --quiet --layers=false -f Dockerfile -t "$TAG" "$OUT/context" >/dev/null
+buildah "${storage[@]}" build --quiet --layers=false "${build_args[@]}" -f Dockerfile -t "$TAG" "$OUT/context" >/dev/null
 buildah "${storage[@]}" push --quiet "$TAG" "oci:$OUT/oci:$VERSION" >&2
 buildah "${storage[@]}" rmi --all >/dev/null
 

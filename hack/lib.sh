@@ -26,6 +26,21 @@ ASSETS_DIR="${KUBEBUILDER_ASSETS:-$CACHE_ROOT/k8s/$KUBE_VERSION-${GOOS_:-linux}-
 
 log() { echo "[$(basename "$0")] $*" >&2; }
 
+# The architecture, in Go's and OCI's names, of what this machine's Rust
+# toolchain builds: the image's platform (hack/build-image.sh) and the kwok
+# nodes' kubernetes.io/arch (hack/local-up.sh), so the image's pods can
+# land on them.
+image_arch() {
+  local host
+  host="$(rustc -vV 2>/dev/null | sed -n 's/^host: //p')"
+  case "${host%%-*}" in
+    x86_64) echo amd64 ;;
+    aarch64) echo arm64 ;;
+    "") die "rustc not found: the image's architecture is that of the Rust toolchain" ;;
+    *) die "no OCI name known for the Rust host ${host%%-*}" ;;
+  esac
+}
+
 # Run COMMAND every 0.2 s until it succeeds (0), or SECONDS have passed (1).
 # wait_for WHAT SECONDS COMMAND...; WHAT names it in the log on a timeout.
 wait_for() {

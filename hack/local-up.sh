@@ -194,6 +194,9 @@ start kube-scheduler --config "$DIR/scheduler.yaml" --secure-port 0 \
   --v 1
 
 NODES="${LOCAL_UP_NODES:-3}"
+# The nodes' architecture is the image's (hack/build-image.sh builds for
+# this machine's), so the image runs on them as on a real node.
+ARCH="$(image_arch)"
 log "starting kwok with $NODES simulated nodes"
 # Node leases are the heartbeat the controller-manager checks (kwok's default
 # only applies without a --config). A pod CIDR large enough for the
@@ -212,7 +215,7 @@ metadata:
   labels:
     kubernetes.io/hostname: kwok-node-$i
     kubernetes.io/os: linux
-    kubernetes.io/arch: amd64
+    kubernetes.io/arch: $ARCH
     type: kwok
 ---
 NODE

@@ -2,10 +2,10 @@
 # The project's test command (README.md; .ci/run calls it): build, check
 # formatting, lints, generated files and the Dockerfile, run the unit and
 # mocked-API tests, build the image (offline, with buildah), then the
-# integration, image and chaos tests on a local control plane with kwok
+# integration, image, install and chaos tests on a local control plane with kwok
 # nodes, once per Kubernetes minor in KUBE_MINORS (default: the newest and the
-# oldest supported, 1.37 and 1.35). The planes are built from Go modules on
-# first use, in the background while the Rust side builds and runs its unit
+# oldest supported, 1.37 and 1.35). The planes (and the OCI registry of the
+# install test) are built from Go modules on first use, in the background while the Rust side builds and runs its unit
 # tests (the Go builds keep about one core busy). Integration tests never
 # skip: if a control plane cannot be had, this fails saying why. Tests run
 # under cargo-nextest (installed on first use; .config/nextest.toml): every
@@ -56,7 +56,8 @@ run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit r
 }
 
 planes_log="$(mktemp)"
-(for minor in $KUBE_MINORS; do KUBE_MINOR=$minor hack/build-control-plane.sh >/dev/null || exit 1; done) \
+(for minor in $KUBE_MINORS; do KUBE_MINOR=$minor hack/build-control-plane.sh >/dev/null || exit 1; done
+  hack/build-registry.sh >/dev/null) \
   >"$planes_log" 2>&1 &
 planes_pid=$!
 
@@ -81,12 +82,13 @@ run_tests --lib --bins --test reconcile_mock --test alerts --test layers ||
 
 step="5/6 the image, built from Dockerfile"; log "$step"
 image="$(hack/build-image.sh)"
+need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"
 
 step="6/6 integration, image and chaos tests on local control planes ($KUBE_MINORS)"; log "$step"
 if ! wait "$planes_pid"; then
   planes_pid=""
   cat "$planes_log" >&2
-  die "the control plane could not be built (see above); integration tests cannot run"
+  die "the control plane or the test registry could not be built (see above); integration tests cannot run"
 fi
 planes_pid=""
 for minor in $KUBE_MINORS; do
@@ -100,7 +102,7 @@ for minor in $KUBE_MINORS; do
   eval "$up"
   install_crds
   export SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG"
-  export SAMPLE_CONTROLLER_TEST_IMAGE="$image"
+  export SAMPLE_CONTROLLER_TEST_IMAGE="$image" SAMPLE_CONTROLLER_TEST_REGISTRY="$(hack/build-registry.sh)"
   # One binary at a time, its tests two at once, as cargo test runs them:
   # the chaos tests restart this plane and the deploy tests drain its nodes,
   # so no other binary's tests may run beside theirs.

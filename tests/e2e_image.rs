@@ -104,25 +104,76 @@ impl Drop for Contained {
     }
 }
 
+/// A blob of the OCI image layout `dir`, as JSON.
+fn blob(dir: &str, digest: &str) -> serde_json::Value {
+    let path = format!("{dir}/blobs/{}", digest.replacen(':', "/", 1));
+    serde_json::from_slice(&std::fs::read(&path).unwrap_or_else(|e| panic!("read {path}: {e}"))).unwrap()
+}
+
+/// The image's config (its platform and labels), read from the OCI layout
+/// hack/build-image.sh wrote (`DIR:TAG`).
+fn image_config(image: &str) -> serde_json::Value {
+    let (dir, tag) = image.rsplit_once(':').expect("an OCI layout reference DIR:TAG");
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{dir}/index.json")).unwrap()).unwrap();
+    let manifest = index["manifests"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .unwrap_or_else(|| panic!("no manifest tagged {tag} in {dir}/index.json"));
+    let manifest = blob(dir, manifest["digest"].as_str().unwrap());
+    blob(dir, manifest["config"]["digest"].as_str().unwrap())
+}
+
+/// The image names its platform — the build machine's, the one its binary
+/// was compiled for — and the kwok nodes it is scheduled onto carry the
+/// same architecture; its labels say which version, commit and license.
 #[tokio::test]
-async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_answers_probes() {
-    let image = image();
-    // Run as one of deploy/'s pods would be: its token, its name.
-    let pods = install_deploy().await;
-    let _lease = FreshLease::new();
+async fn the_image_says_what_it_is_and_the_nodes_run_its_platform() {
+    let config = image_config(&image());
+    let arch = match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    };
+    assert_eq!((config["os"].as_str(), config["architecture"].as_str()), (Some("linux"), Some(arch)));
+    let nodes = kubectl_ok(&["get", "nodes", "-o", "jsonpath={.items[*].metadata.labels.kubernetes\\.io/arch}"]);
+    let nodes: Vec<&str> = nodes.split_whitespace().collect();
+    assert!(!nodes.is_empty() && nodes.iter().all(|a| *a == arch), "nodes' architectures {nodes:?}, image's {arch}");
+
+    let labels = &config["config"]["Labels"];
+    let label = |key: &str| labels[format!("org.opencontainers.image.{key}")].as_str().unwrap_or_default().to_owned();
+    assert_eq!(label("version"), env!("CARGO_PKG_VERSION"));
+    assert_eq!(label("licenses"), env!("CARGO_PKG_LICENSE"));
+    let head = Command::new("git").args(["rev-parse", "HEAD"]).output().expect("run git");
+    let head = String::from_utf8(head.stdout).unwrap();
+    assert_eq!(label("revision").trim_end_matches("-modified"), head.trim(), "the commit it was built from");
+}
+
+/// The image run as `pod`'s container: its token, its name, deploy/'s
+/// arguments and memory limit.
+async fn run_as_deployed(image: &str, pod: &Pod) -> Contained {
     let container = deployed_container();
     let memory = container.resources.as_ref().and_then(|r| r.limits.as_ref()?.get("memory").cloned()).unwrap();
     let server = config().await.cluster_url;
-
     let mut run = Command::new("hack/run-image.sh");
-    run.arg(&image)
-        .arg(service_account_files(&pods[0]).await)
+    run.arg(image)
+        .arg(service_account_files(pod).await)
         .args(container_args(&container))
-        .env(POD_NAME_ENV, pods[0].name_any())
+        .env(POD_NAME_ENV, pod.name_any())
         .env("KUBERNETES_SERVICE_HOST", server.host().unwrap())
         .env("KUBERNETES_SERVICE_PORT", server.port_u16().unwrap().to_string())
         .env("MEMORY_LIMIT", bytes(&memory.0).to_string());
-    let op = Contained(start_logged(run, "image").await);
+    Contained(start_logged(run, "image").await)
+}
+
+#[tokio::test]
+async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_answers_probes() {
+    // Run as one of deploy/'s pods would be: its token, its name.
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    let op = run_as_deployed(&image(), &pods[0]).await;
     let (uid, read_only) = container_process(op.0.child.id());
     assert_eq!((uid.as_str(), read_only), ("65532", true), "user and root filesystem of the container");
 
@@ -158,4 +209,114 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
     // Configured in-cluster: its Lease is in the namespace it read from the
     // mounted files.
     assert_eq!(holding_pod().await, Some(pods[0].name_any()), "its Lease, held in its pod's name");
+}
+
+/// The install block of README.md: the fenced block after the comment
+/// that says the test command runs it.
+fn readme_install_block() -> String {
+    let readme = std::fs::read_to_string("README.md").expect("read README.md");
+    let marker = "<!-- The block below is run as written by the test command";
+    let after = &readme[readme.find(marker).expect("README.md's install block, marked")..];
+    let body = after.split_once("```sh\n").expect("a sh block after the marker").1;
+    body.split_once("\n```").expect("the block's end").0.to_owned()
+}
+
+/// The CNCF distribution registry (hack/build-registry.sh) on a port of
+/// loopback, over plain HTTP, storing under the test's directory; stopped
+/// when dropped. `conf`, a drop-in of containers-registries.conf(5) that
+/// marks it insecure for skopeo (as a registry without TLS must be), is
+/// removed with it: skopeo 1.9 reads no other file than the system's.
+struct Registry {
+    _process: Process,
+    addr: String,
+    conf: String,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.conf);
+    }
+}
+
+async fn start_registry() -> Registry {
+    const REGISTRY_ENV: &str = "SAMPLE_CONTROLLER_TEST_REGISTRY";
+    let binary = std::env::var(REGISTRY_ENV).unwrap_or_else(|_| {
+        panic!("{REGISTRY_ENV} is not set: build the registry with `hack/build-registry.sh` and set {REGISTRY_ENV} to the path it prints (hack/test.sh does both)")
+    });
+    let dir = format!("{}/registry", env!("CARGO_TARGET_TMPDIR"));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(format!("{dir}/data")).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let addr = format!("127.0.0.1:{port}");
+    let config = format!("{dir}/config.yml");
+    std::fs::write(
+        &config,
+        format!("version: 0.1\nlog: {{level: warn}}\nstorage: {{filesystem: {{rootdirectory: {dir}/data}}}}\nhttp: {{addr: \"{addr}\"}}\n"),
+    )
+    .unwrap();
+    let log = std::fs::File::create(format!("{dir}/registry.log")).unwrap();
+    let process = Process::start(
+        Command::new(binary).args(["serve", &config]).stdout(log.try_clone().unwrap()).stderr(log),
+        "the registry",
+    );
+    let conf = format!("/etc/containers/registries.conf.d/zz-sample-controller-test-{port}.conf");
+    let _ = std::fs::create_dir_all("/etc/containers/registries.conf.d");
+    std::fs::write(&conf, format!("[[registry]]\nlocation = \"{addr}\"\ninsecure = true\n"))
+        .unwrap_or_else(|e| panic!("write {conf} (the install test runs as root, as hack/test.sh): {e}"));
+    let registry = Registry { _process: process, addr, conf };
+    wait_until("the registry to answer", TIMEOUT, || async { (http_get(port, "/v2/").await?.0 == 200).then_some(()) })
+        .await;
+    registry
+}
+
+/// The digest the registry serves for `repository:tag`.
+fn served_digest(registry: &Registry, repository: &str, tag: &str) -> String {
+    let url = format!("http://{}/v2/{repository}/manifests/{tag}", registry.addr);
+    let accept = "Accept: application/vnd.oci.image.manifest.v1+json";
+    let head = Command::new("curl").args(["-fsSI", "-H", accept, &url]).output().expect("run curl");
+    let head = String::from_utf8_lossy(&head.stdout).into_owned();
+    let digest = head.lines().find_map(|l| {
+        let (name, value) = l.split_once(':')?;
+        name.eq_ignore_ascii_case("docker-content-digest").then(|| value.trim().to_owned())
+    });
+    digest.unwrap_or_else(|| panic!("no digest for {repository}:{tag} from the registry:\n{head}"))
+}
+
+/// README.md's install, run as written with REGISTRY set to a real
+/// registry: the image built, pushed and pinned by digest in deploy/'s
+/// pods; then that image, pulled back from the registry as a node would,
+/// run as one of those pods converges a Foo.
+#[tokio::test]
+async fn the_readmes_install_runs_as_written_and_deploys_the_pushed_image() {
+    let registry = start_registry().await;
+    let install = Command::new("bash")
+        .args(["-euo", "pipefail", "-c", &readme_install_block()])
+        .env("REGISTRY", &registry.addr)
+        .output()
+        .expect("run bash");
+    let output = format!("{}{}", String::from_utf8_lossy(&install.stdout), String::from_utf8_lossy(&install.stderr));
+    assert!(install.status.success(), "README.md's install failed:\n{output}");
+
+    let digest = served_digest(&registry, "sample-controller", env!("CARGO_PKG_VERSION"));
+    let pinned = format!("{}/sample-controller@{digest}", registry.addr);
+    let pods = wait_until("deploy/'s pods to run the pushed image", TIMEOUT, || async {
+        let pods = deploy_pods().await;
+        pods.iter()
+            .all(|p| p.spec.as_ref().is_some_and(|s| s.containers[0].image.as_deref() == Some(&pinned)))
+            .then_some(pods)
+    })
+    .await;
+
+    let pulled = format!("{}/pulled", env!("CARGO_TARGET_TMPDIR"));
+    let _ = std::fs::remove_dir_all(&pulled);
+    let pull = Command::new("skopeo")
+        .args(["copy", "--quiet", &format!("docker://{pinned}"), &format!("oci:{pulled}:pulled")])
+        .status()
+        .expect("run skopeo");
+    assert!(pull.success(), "pull {pinned}");
+    let _lease = FreshLease::new();
+    let _op = run_as_deployed(&format!("{pulled}:pulled"), &pods[0]).await;
+    let ns = TestNamespace::new("install").await;
+    ns.kubectl_ok(&["apply", "-f", "artifacts/examples/example-foo.yaml"]);
+    wait_available(&ns.api(), "example-foo", 1, GC_TIMEOUT).await;
 }

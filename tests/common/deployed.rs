@@ -40,6 +40,11 @@ const POD_SELECTOR: &str = "app.kubernetes.io/name=sample-controller";
 pub async fn install_deploy() -> Vec<Pod> {
     kubectl_ok(&["apply", "-f", "deploy/"]);
     kubectl_ok(&["rollout", "status", "deployment/sample-controller", "-n", DEPLOY_NS, "--timeout=180s"]);
+    deploy_pods().await
+}
+
+/// deploy/'s two pods, not being deleted, once there are two.
+pub async fn deploy_pods() -> Vec<Pod> {
     let pods: Api<Pod> = Api::namespaced(admin_client().await, DEPLOY_NS);
     wait_until("deploy/'s two pods", TIMEOUT, || async {
         let list = pods.list(&ListParams::default().labels(POD_SELECTOR)).await.ok()?;
