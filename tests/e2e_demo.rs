@@ -1,0 +1,91 @@
+//! `hack/demo.sh` pointed at a cluster of the user's — the plane, named by a
+//! kubeconfig as any cluster is: it refuses to start while deploy/'s
+//! operator holds its Lease, and otherwise works in a namespace of its own,
+//! leaving a Foo and the Deployment it controls elsewhere as they were.
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::ResourceExt;
+use kube::api::PostParams;
+use sample_controller::Foo;
+use sample_controller::constants::{FIELD_MANAGER, LABEL_MANAGED_BY};
+use sample_controller::deployment::desired_deployment;
+use sample_controller::shard::UNSHARDED;
+
+/// The demo, on the plane as a user's cluster, in namespace `ns`.
+fn demo(ns: &str) -> Output {
+    Command::new("hack/demo.sh")
+        .env("KUBECONFIG", kubeconfig_path())
+        .env("DEMO_NAMESPACE", ns)
+        .env_remove("KEEP")
+        .output()
+        .expect("run hack/demo.sh")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn the_demo_refuses_to_start_while_an_operator_holds_its_lease() {
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    let ns = TestNamespace::new("demo-refused").await;
+    let _replica = spawn_replica(&ns.name, &pods[0], LEASE).await;
+    wait_until("deploy/'s replica to hold its Lease", TIMEOUT, || async {
+        (holding_pod().await? == pods[0].name_any()).then_some(())
+    })
+    .await;
+    // A namespace name of its own, that the refusal must not create.
+    let demo_ns = format!("{}-demo", ns.name);
+
+    let out = demo(&demo_ns);
+    let err = stderr(&out);
+    assert!(!out.status.success(), "the demo started beside a running operator:\n{err}");
+    assert!(err.contains(&format!("Lease {DEPLOY_NS}/{DEPLOY_LEASE} held by {}", pods[0].name_any())), "{err}");
+    let found = kubectl(&["get", "namespace", &demo_ns]);
+    assert!(!found.status.success(), "the refused demo created its namespace");
+}
+
+/// What upstream's controller leaves in a namespace: a Foo and the
+/// Deployment it controls, without our managed-by label — what an adoption
+/// pass labels, if it looks there.
+async fn left_by_upstream(ns: &TestNamespace) -> (Foo, Deployment) {
+    let foo = create_foo(&ns.api(), "theirs", "theirs", Some(1)).await;
+    let mut desired = desired_deployment(&foo, UNSHARDED).expect("a valid Foo");
+    desired.metadata.labels.as_mut().unwrap().remove(LABEL_MANAGED_BY);
+    let deployment = ns.api::<Deployment>().create(&PostParams::default(), &desired).await.unwrap();
+    (foo, deployment)
+}
+
+#[tokio::test]
+async fn the_demo_on_a_users_cluster_stays_in_its_own_namespace() {
+    // No operator holds deploy/'s Lease (another test's replica may have).
+    let _lease = FreshLease::new();
+    let elsewhere = TestNamespace::new("demo-elsewhere").await;
+    let (foo, deployment) = left_by_upstream(&elsewhere).await;
+    let demo_ns = TestNamespace::new("demo").await;
+
+    let out = demo(&demo_ns.name);
+    assert!(out.status.success(), "the demo failed:\n{}", stderr(&out));
+    let example =
+        demo_ns.api::<Deployment>().get("example-foo").await.expect("the demo's Deployment, in its namespace");
+    assert_eq!(replicas(&example), Some(3), "the demo scales its Foo to 3");
+
+    // The demo's writes are ours: its field manager would be in what it
+    // wrote (the deployment controller writes the Deployment's status too).
+    let foo_after = elsewhere.api::<Foo>().get("theirs").await.unwrap();
+    let deployment_after = elsewhere.api::<Deployment>().get("theirs").await.unwrap();
+    assert!(!written_by_us(&foo_after), "a Foo outside the demo's namespace was written");
+    assert!(!written_by_us(&deployment_after), "a Deployment outside the demo's namespace was written");
+    assert_eq!(deployment_after.labels(), deployment.labels(), "a Deployment outside the demo's namespace was adopted");
+    assert_eq!(foo_after.status, foo.status);
+}
+
+fn written_by_us<K: ResourceExt>(obj: &K) -> bool {
+    obj.meta().managed_fields.iter().flatten().any(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
+}
