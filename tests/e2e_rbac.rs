@@ -533,3 +533,51 @@ async fn a_namespace_editor_can_create_foos_and_a_viewer_can_only_read_them() {
         as_jane.patch("by-jane", &PatchParams::default(), &Patch::Merge(json!({ "spec": { "replicas": 2 } }))).await;
     assert!(scaled.is_ok(), "an editor cannot change a Foo: {scaled:?}");
 }
+
+/// artifacts/namespaced's namespace, where its operator may work.
+const CONFINED_NS: &str = "team-a";
+
+/// artifacts/namespaced applied as its comment says (deploy/'s
+/// cluster-wide binding deleted); deploy/ and no team-a again when dropped,
+/// so the tests after find deploy/ as installed.
+struct NamespacedInstall;
+
+impl NamespacedInstall {
+    fn apply() -> Self {
+        kubectl_ok(&["apply", "-k", "artifacts/namespaced"]);
+        kubectl_ok(&["delete", "clusterrolebinding", "sample-controller"]);
+        NamespacedInstall
+    }
+}
+
+impl Drop for NamespacedInstall {
+    fn drop(&mut self) {
+        kubectl(&["delete", "-f", "artifacts/namespaced/rbac.yaml", "--ignore-not-found", "--wait=false"]);
+        kubectl(&["apply", "-f", "deploy/"]);
+    }
+}
+
+#[tokio::test]
+async fn the_namespaced_install_grants_its_namespace_only_and_reconciles_there() {
+    installed();
+    let _install = NamespacedInstall::apply();
+    let elsewhere = TestNamespace::new("not-confined").await;
+    let granted_in = granted(CONFINED_NS);
+    let want: BTreeSet<String> = CONTROLLER.iter().map(|g| g.to_string()).collect();
+    assert_eq!(granted_in, want, "its namespace: deploy/'s grants");
+    let metrics_auth: BTreeSet<String> =
+        CONTROLLER.iter().filter(|g| g.contains("reviews")).map(|g| g.to_string()).collect();
+    assert_eq!(granted(&elsewhere.name), metrics_auth, "another namespace: the reviews of secure metrics only");
+    assert!(!can_i(&["list", "foos.samplecontroller.k8s.io", "--all-namespaces"]), "Foos of every namespace");
+
+    // Its replica, run as deploy/ runs it with the overlay's --namespace.
+    kubectl_ok(&["rollout", "status", "deployment/sample-controller", "-n", NS, "--timeout=180s"]);
+    let pods = deploy_pods().await;
+    let args = pods[0].spec.as_ref().and_then(|s| s.containers[0].args.clone()).unwrap_or_default();
+    assert!(args.iter().any(|a| a == "--namespace=team-a"), "{args:?}");
+    let _lease = FreshLease::new();
+    let _replica = spawn_replica(CONFINED_NS, &pods[0], LEASE).await;
+    let foos: Api<Foo> = Api::namespaced(admin_client().await, CONFINED_NS);
+    create_foo(&foos, "confined", "confined", Some(1)).await;
+    wait_available(&foos, "confined", 1, AS_DEPLOYED_TIMEOUT).await;
+}
