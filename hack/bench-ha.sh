@@ -69,7 +69,7 @@ start_replica() { # name: as deploy/ runs it, in pod replica-NAME
   local log=".local/bench-ha-$1.log"
   POD_NAME="replica-$1" "$BIN" --kubeconfig "${kubeconfigs[$1]}" --namespace "$ns" --leader-elect \
     --leader-election-namespace "$DEPLOY_NS" \
-    --metrics-bind-address 127.0.0.1:0 --health-probe-bind-address 127.0.0.1:0 > "$log" 2>&1 &
+    --metrics-bind-address 127.0.0.1:0 --metrics-secure=false --health-probe-bind-address 127.0.0.1:0 > "$log" 2>&1 &
   pids[$1]=$!
   wait_for "replica $1's probe port" 60 port_logged "$log" || die "replica $1 did not start"
   probes[$1]=$(bound_port "$log" /healthz,/readyz)

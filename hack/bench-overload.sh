@@ -31,7 +31,7 @@ create_foos "$NS" "$N"
 settle
 
 ours=("$BIN" --kubeconfig '{kubeconfig}' --namespace "$NS"
-  --metrics-bind-address 127.0.0.1:0 --health-probe-bind-address 127.0.0.1:0)
+  --metrics-bind-address 127.0.0.1:0 --metrics-secure=false --health-probe-bind-address 127.0.0.1:0)
 theirs=("$REFERENCE" --kubeconfig '{kubeconfig}' --namespace "$NS")
 rows=()
 for fault in $FAULTS; do

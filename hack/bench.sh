@@ -93,7 +93,7 @@ controller_run() { # run; leaves the controller running in namespace $ns
   log "controller: $N Foos (run $1 of $RUNS)"
   create_foos "$ns" "$N"
   settle
-  "$BIN" --namespace "$ns" "${workers_flag[@]}" --metrics-bind-address 127.0.0.1:0 --health-probe-bind-address 0 \
+  "$BIN" --namespace "$ns" "${workers_flag[@]}" --metrics-bind-address 127.0.0.1:0 --metrics-secure=false --health-probe-bind-address 0 \
     > ".local/bench-controller-$1.log" 2>&1 &
   pid=$!
   read -r start converged < <(audit wait-converged "$UA" "$ns" "$N" 1800)

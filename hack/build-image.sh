@@ -26,8 +26,9 @@ LICENSES="$(sed -n 's/^license = "\(.*\)"/\1/p' Cargo.toml | head -n1)"
 REVISION="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
 [[ $REVISION == unknown ]] || git diff --quiet HEAD 2>/dev/null || REVISION+=-modified
 ARCH="$(image_arch)"
-# Where the source lives, when the clone says so (an https remote).
-SOURCE="$(git remote get-url origin 2>/dev/null | grep '^https://' || true)"
+# Where the source lives, when the clone says so (an https remote), without
+# any user or token the remote's URL carries.
+SOURCE="$(git remote get-url origin 2>/dev/null | grep '^https://' | sed -E 's#^https://[^/@]*@#https://#' || true)"
 build_args=(--build-arg "VERSION=$VERSION" --build-arg "REVISION=$REVISION" --build-arg "LICENSES=$LICENSES"
   ${SOURCE:+--label "org.opencontainers.image.source=$SOURCE"} --platform "linux/$ARCH")
 TAG="sample-controller:$VERSION"

@@ -91,6 +91,7 @@ if ! wait "$planes_pid"; then
   die "the control plane or the test registry could not be built (see above); integration tests cannot run"
 fi
 planes_pid=""
+registry="$(hack/build-registry.sh)" || die "the test registry could not be built; the install test cannot run"
 for minor in $KUBE_MINORS; do
   step="6/6 integration tests on Kubernetes $minor"; log "$step"
   # The chaos tests restart this plane's components through LOCAL_UP_DIR;
@@ -102,7 +103,7 @@ for minor in $KUBE_MINORS; do
   eval "$up"
   install_crds
   export SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG"
-  export SAMPLE_CONTROLLER_TEST_IMAGE="$image" SAMPLE_CONTROLLER_TEST_REGISTRY="$(hack/build-registry.sh)"
+  export SAMPLE_CONTROLLER_TEST_IMAGE="$image" SAMPLE_CONTROLLER_TEST_REGISTRY="$registry"
   # One binary at a time, its tests two at once, as cargo test runs them:
   # the chaos tests restart this plane and the deploy tests drain its nodes,
   # so no other binary's tests may run beside theirs.

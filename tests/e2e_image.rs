@@ -223,18 +223,20 @@ fn readme_install_block() -> String {
 
 /// The CNCF distribution registry (hack/build-registry.sh) on a port of
 /// loopback, over plain HTTP, storing under the test's directory; stopped
-/// when dropped. `conf`, a drop-in of containers-registries.conf(5) that
-/// marks it insecure for skopeo (as a registry without TLS must be), is
-/// removed with it: skopeo 1.9 reads no other file than the system's.
+/// when dropped. `bin` holds a `skopeo` that runs the real one with a
+/// registries.conf marking this registry insecure (a registry without TLS
+/// must be): put first on PATH, the README's `skopeo copy` runs as written
+/// and nothing outside the test's directory is configured.
 struct Registry {
     _process: Process,
     addr: String,
-    conf: String,
+    bin: String,
 }
 
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.conf);
+impl Registry {
+    /// PATH with the shim first.
+    fn path(&self) -> String {
+        format!("{}:{}", self.bin, std::env::var("PATH").unwrap_or_default())
     }
 }
 
@@ -259,11 +261,17 @@ async fn start_registry() -> Registry {
         Command::new(binary).args(["serve", &config]).stdout(log.try_clone().unwrap()).stderr(log),
         "the registry",
     );
-    let conf = format!("/etc/containers/registries.conf.d/zz-sample-controller-test-{port}.conf");
-    let _ = std::fs::create_dir_all("/etc/containers/registries.conf.d");
-    std::fs::write(&conf, format!("[[registry]]\nlocation = \"{addr}\"\ninsecure = true\n"))
-        .unwrap_or_else(|e| panic!("write {conf} (the install test runs as root, as hack/test.sh): {e}"));
-    let registry = Registry { _process: process, addr, conf };
+    let conf = format!("{dir}/registries.conf");
+    std::fs::write(&conf, format!("[[registry]]\nlocation = \"{addr}\"\ninsecure = true\n")).unwrap();
+    let skopeo = String::from_utf8(Command::new("sh").args(["-c", "command -v skopeo"]).output().unwrap().stdout)
+        .expect("a path");
+    assert!(!skopeo.trim().is_empty(), "skopeo is not installed (hack/test.sh installs it)");
+    let bin = format!("{dir}/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let shim = format!("{bin}/skopeo");
+    std::fs::write(&shim, format!("#!/bin/sh\nexec {} --registries-conf {conf} \"$@\"\n", skopeo.trim())).unwrap();
+    Command::new("chmod").args(["+x", &shim]).status().unwrap();
+    let registry = Registry { _process: process, addr, bin };
     wait_until("the registry to answer", TIMEOUT, || async { (http_get(port, "/v2/").await?.0 == 200).then_some(()) })
         .await;
     registry
@@ -290,13 +298,22 @@ fn served_digest(registry: &Registry, repository: &str, tag: &str) -> String {
 async fn the_readmes_install_runs_as_written_and_deploys_the_pushed_image() {
     let registry = start_registry().await;
     let mut install = Command::new("bash");
-    install.args(["-euo", "pipefail", "-c", &readme_install_block()]).env("REGISTRY", &registry.addr);
-    // In a user's shell, not the test runner's: cargo's per-test variables
-    // (ring's build script watches CARGO_MANIFEST_DIR) would make the
-    // block's cargo build everything again rather than reuse the image's.
+    install
+        .args(["-euo", "pipefail", "-c", &readme_install_block()])
+        .env("REGISTRY", &registry.addr)
+        .env("KUBECONFIG", kubeconfig_path())
+        .env("PATH", registry.path());
+    // In a user's shell, not the test runner's: the variables cargo and
+    // nextest set for a test (ring's build script watches
+    // CARGO_MANIFEST_DIR) would make the block's cargo build everything
+    // again rather than reuse the image's. A user's own CARGO_* settings
+    // stay.
     for (name, _) in std::env::vars() {
-        let runner = name.starts_with("NEXTEST") || name.starts_with("CARGO_");
-        if runner && name != "CARGO_HOME" && name != "CARGO_TARGET_DIR" {
+        let per_test = ["CARGO_PKG_", "CARGO_BIN_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_PRIMARY_", "NEXTEST"]
+            .iter()
+            .any(|prefix| name.starts_with(prefix))
+            || ["CARGO", "CARGO_TARGET_TMPDIR", "CARGO_RUSTC_CURRENT_DIR"].contains(&name.as_str());
+        if per_test {
             install.env_remove(name);
         }
     }
@@ -318,6 +335,7 @@ async fn the_readmes_install_runs_as_written_and_deploys_the_pushed_image() {
     let _ = std::fs::remove_dir_all(&pulled);
     let pull = Command::new("skopeo")
         .args(["copy", "--quiet", &format!("docker://{pinned}"), &format!("oci:{pulled}:pulled")])
+        .env("PATH", registry.path())
         .status()
         .expect("run skopeo");
     assert!(pull.success(), "pull {pinned}");

@@ -544,16 +544,24 @@ struct NamespacedInstall;
 
 impl NamespacedInstall {
     fn apply() -> Self {
+        let installed = NamespacedInstall;
         kubectl_ok(&["apply", "-k", "artifacts/namespaced"]);
         kubectl_ok(&["delete", "clusterrolebinding", "sample-controller"]);
-        NamespacedInstall
+        installed
     }
 }
 
 impl Drop for NamespacedInstall {
     fn drop(&mut self) {
-        kubectl(&["delete", "-f", "artifacts/namespaced/rbac.yaml", "--ignore-not-found", "--wait=false"]);
-        kubectl(&["apply", "-f", "deploy/"]);
+        for args in [
+            &["delete", "-f", "artifacts/namespaced/rbac.yaml", "--ignore-not-found", "--wait=false"][..],
+            &["apply", "-f", "deploy/"],
+        ] {
+            let out = kubectl(args);
+            if !out.status.success() {
+                eprintln!("kubectl {args:?} after the namespaced install: {}", String::from_utf8_lossy(&out.stderr));
+            }
+        }
     }
 }
 

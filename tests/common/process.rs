@@ -71,13 +71,15 @@ pub fn listening_ports(pid: u32) -> BTreeSet<u16> {
     let mut ports = BTreeSet::new();
     // st: 0A is TCP_LISTEN; a bound, unconnected UDP socket reads 07.
     for (table, listening) in [("tcp", "0A"), ("tcp6", "0A"), ("udp", "07"), ("udp6", "07")] {
-        let text = std::fs::read_to_string(format!("/proc/net/{table}")).unwrap_or_default();
+        // The tables of the process's network namespace.
+        let text = std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).unwrap_or_default();
         for line in text.lines().skip(1) {
             let fields: Vec<&str> = line.split_whitespace().collect();
             let (Some(local), Some(st), Some(inode)) = (fields.get(1), fields.get(3), fields.get(9)) else { continue };
             if *st == listening && inodes.contains(*inode) {
                 let port = local.rsplit(':').next().and_then(|hex| u16::from_str_radix(hex, 16).ok());
-                ports.extend(port);
+                // Port 0: a UDP socket not bound to any port.
+                ports.extend(port.filter(|p| *p != 0));
             }
         }
     }
@@ -107,6 +109,10 @@ pub fn operator_command(ns: &str, kubeconfig: &str, extra: &[&str]) -> Command {
         cmd.arg("--metrics-secure=false");
     }
     cmd.args(extra).env("RUST_LOG", "info,sample_controller=debug").env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
+    // The plane is on loopback: no proxy of the machine's in between.
+    for proxy in ["HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"] {
+        cmd.env_remove(proxy);
+    }
     cmd
 }
 
