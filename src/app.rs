@@ -176,7 +176,7 @@ pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<A
         debug!("caches synced; adoption pass starting");
         let cached_foo = |foo: &ObjectRef<Foo>| {
             let foo = caches.foos.get(foo)?;
-            Some((foo.uid()?, caches.shard.follow(foo.metadata.labels.as_ref())))
+            Some((foo.uid()?, caches.shard.follow_cached(foo.metadata.labels.as_ref())))
         };
         let may_write = || leader::may_write(fence.as_deref());
         adoption.run(cached_foo, may_write, |adopted| caches.deployments.wrote(None, Some(adopted))).await;

@@ -195,23 +195,25 @@ where
 
 /// Keep what a sync reads of a Deployment: identity, owner, deletion,
 /// whether it carries our label, and the labels it follows its Foo's shard
-/// by (the view itself holds only `spec.replicas` and
-/// `status.availableReplicas`).
+/// by, in a map its shard's Deployments share (the view itself holds only
+/// `spec.replicas` and `status.availableReplicas`).
 pub fn trim_deployment(shard: &Shard) -> impl Fn(&mut DeploymentView) + Send + Sync + 'static {
     let shard = shard.clone();
     move |d| {
         trim_metadata(d);
         d.managed = d.is_managed();
-        shard.keep_followed(&mut d.metadata.labels);
+        d.shard_labels = Some(shard.follow_shared(d.metadata.labels.as_ref()));
+        d.metadata.labels = None;
     }
 }
 
-/// Keep a Foo's spec, status, identity and the labels its Deployment follows.
+/// Keep a Foo's spec, status, identity and the labels its Deployment follows
+/// (read back by [`Shard::follow_cached`]).
 pub fn trim_foo(shard: &Shard) -> impl Fn(&mut Foo) + Send + Sync + 'static {
     let shard = shard.clone();
     move |foo| {
         trim_metadata(foo);
-        shard.keep_followed(&mut foo.metadata.labels);
+        shard.trim_labels(&mut foo.metadata.labels);
     }
 }
 
@@ -241,6 +243,7 @@ mod tests {
     use futures::StreamExt;
     use k8s_openapi::api::apps::v1::Deployment;
     use kube::ResourceExt;
+    use std::collections::BTreeMap;
 
     #[tokio::test]
     async fn latest_prefers_what_the_watch_delivered_since_over_a_stale_copy() {
@@ -335,15 +338,37 @@ mod tests {
 
     #[test]
     fn a_shards_caches_keep_the_labels_its_deployments_follow_and_no_others() {
-        let shard = Shard::parse("shard=a").unwrap();
+        let shard = Shard::parse("shard in (a,b)").unwrap();
         let f = Foo::test("f").label("shard", "a").label("team", "x");
         let mut d = DeploymentView::owned_by(&f);
         d.metadata.labels.get_or_insert_default().insert("shard".into(), "a".into());
+        let untrimmed = d.clone();
         trim_deployment(&shard)(&mut d);
-        assert_eq!(d.metadata.labels, Some([("shard".to_owned(), "a".to_owned())].into()));
+        assert_eq!(d.metadata.labels, None);
+        assert_eq!(d.shard_labels.as_deref(), Some(&BTreeMap::from([("shard".to_owned(), Some("a".to_owned()))])));
         assert!(d.is_managed());
+        for wanted in ["a", "b"] {
+            let followed = BTreeMap::from([("shard".to_owned(), Some(wanted.to_owned()))]);
+            assert_eq!(d.relabelling(&followed), untrimmed.relabelling(&followed), "to {wanted}: as before the trim");
+        }
         let mut foo = f.clone();
         trim_foo(&shard)(&mut foo);
         assert_eq!(foo.metadata.labels, Some([("shard".to_owned(), "a".to_owned())].into()));
+    }
+
+    #[test]
+    fn a_fixed_shards_caches_keep_no_labels_and_read_back_the_shards() {
+        let shard = Shard::parse("shard=a").unwrap();
+        let mut foo = Foo::test("f").label("shard", "a").label("team", "x");
+        let followed = shard.follow(foo.metadata.labels.as_ref());
+        trim_foo(&shard)(&mut foo);
+        assert_eq!(foo.metadata.labels, None);
+        assert_eq!(shard.follow_cached(foo.metadata.labels.as_ref()), followed);
+        let mut d = DeploymentView::owned_by(&Foo::test("f"));
+        d.metadata.labels.get_or_insert_default().insert("shard".into(), "a".into());
+        trim_deployment(&shard)(&mut d);
+        assert!(d.relabelling(&followed).is_empty(), "in its Foo's shard");
+        let to_b = BTreeMap::from([("shard".to_owned(), Some("b".to_owned()))]);
+        assert_eq!(d.relabelling(&to_b), to_b, "a Foo moved to b: relabelled");
     }
 }

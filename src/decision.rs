@@ -704,6 +704,7 @@ mod properties {
             spec: Some(ViewSpec { replicas: Some(replicas) }),
             status: Some(ViewStatus { available_replicas: Some(available) }),
             managed: false,
+            shard_labels: None,
         }
     }
 

@@ -5,6 +5,7 @@
 //! values; the API calls live in [`crate::sync`] and [`crate::adoption`].
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{Container, PodSpec, PodTemplateSpec};
@@ -145,6 +146,11 @@ pub struct DeploymentView {
     /// Deployment. Read through [`DeploymentView::is_managed`].
     #[serde(skip)]
     pub managed: bool,
+    /// The shard labels it carried, once the cache dropped its labels
+    /// ([`crate::cache::trim_deployment`]): one map its shard's Deployments
+    /// share. `None` on a view that keeps its labels (read afresh).
+    #[serde(skip)]
+    pub shard_labels: Option<Arc<FollowedLabels>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -189,6 +195,7 @@ impl From<Deployment> for DeploymentView {
             spec: d.spec.map(|s| ViewSpec { replicas: s.replicas }),
             status: d.status.map(|s| ViewStatus { available_replicas: s.available_replicas }),
             managed: false,
+            shard_labels: None,
         }
     }
 }
@@ -211,12 +218,11 @@ impl DeploymentView {
     /// Foo's, each with the Foo's value (`None`: remove it). Empty when the
     /// Deployment is in its Foo's shard.
     pub fn relabelling(&self, followed: &FollowedLabels) -> FollowedLabels {
-        let labels = self.metadata.labels.as_ref();
-        followed
-            .iter()
-            .filter(|(k, v)| labels.and_then(|l| l.get(*k)) != v.as_ref())
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect()
+        let carried = |key: &String| match &self.shard_labels {
+            Some(kept) => kept.get(key).and_then(Option::as_ref),
+            None => self.metadata.labels.as_ref().and_then(|l| l.get(key)),
+        };
+        followed.iter().filter(|(k, v)| carried(k) != v.as_ref()).map(|(k, v)| (k.clone(), v.clone())).collect()
     }
 
     /// `status.availableReplicas`, 0 when not reported yet.

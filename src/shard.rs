@@ -14,6 +14,7 @@
 //! `key notin (v1,v2)`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use kube::core::{Expression, Selector};
 
@@ -28,17 +29,28 @@ pub type FollowedLabels = BTreeMap<String, Option<String>>;
 pub const UNSHARDED: &FollowedLabels = &BTreeMap::new();
 
 /// The Foos this instance owns: all of them, or those a label selector picks.
-#[derive(Clone, Debug, Default, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct Shard {
     selector: Option<Selector>,
     /// The label keys the selector names, which Deployments follow.
     keys: BTreeSet<String>,
+    /// The followed labels when the selector fixes each key's value (`key=v`,
+    /// `!key`, as the Flux way shards): every object its watches deliver
+    /// carries exactly these, so the caches need not keep them per object
+    /// ([`Shard::trim_labels`]). `None` when a requirement admits several.
+    fixed: Option<Arc<FollowedLabels>>,
+}
+
+impl Default for Shard {
+    fn default() -> Self {
+        Shard::all()
+    }
 }
 
 impl Shard {
     /// Every Foo: no `--shard-selector`.
     pub fn all() -> Self {
-        Shard::default()
+        Shard { selector: None, keys: BTreeSet::new(), fixed: Some(Arc::default()) }
     }
 
     /// Parse a label selector as `kubectl -l` takes it. Keys the controller
@@ -60,7 +72,8 @@ impl Shard {
                 "the label {taken:?} is set on Deployments by the controller and cannot select a shard"
             ));
         }
-        Ok(Shard { selector: Some(Selector::from_iter(expressions)), keys })
+        let fixed = fixed_labels(&keys, &expressions).map(Arc::new);
+        Ok(Shard { selector: Some(Selector::from_iter(expressions)), keys, fixed })
     }
 
     /// The selector for the API server's lists and watches; `None` for all.
@@ -87,13 +100,38 @@ impl Shard {
         self.keys.iter().map(|k| (k.clone(), foo_labels.and_then(|l| l.get(k)).cloned())).collect()
     }
 
-    /// Drop every label but the followed ones (the caches keep no others).
-    pub fn keep_followed(&self, labels: &mut Option<BTreeMap<String, String>>) {
-        if let Some(map) = labels {
-            map.retain(|k, _| self.is_followed(k));
+    /// Trim a cached Foo's labels to what [`Shard::follow_cached`] reads back:
+    /// the followed ones only, and none at all when they are the ones the
+    /// selector fixes. A map of one label is a 544-byte tree node, 1.1 KiB
+    /// per Foo with its Deployment's; every object a `shard=a` watch
+    /// delivers carries `shard=a`, so that is not worth keeping.
+    pub fn trim_labels(&self, labels: &mut Option<BTreeMap<String, String>>) {
+        let mut kept = labels.take().unwrap_or_default();
+        kept.retain(|k, _| self.is_followed(k));
+        let implied = match &self.fixed {
+            Some(fixed) => self.follow(Some(&kept)) == **fixed,
+            None => kept.is_empty(),
+        };
+        // An empty map allocates nothing: `Some` of one says "none of the
+        // fixed labels" (an own write racing a relabel), exactly.
+        *labels = (!implied).then_some(kept);
+    }
+
+    /// [`Shard::follow`] for labels trimmed by [`Shard::trim_labels`].
+    pub fn follow_cached(&self, labels: Option<&BTreeMap<String, String>>) -> FollowedLabels {
+        match (labels, &self.fixed) {
+            (None, Some(fixed)) => (**fixed).clone(),
+            _ => self.follow(labels),
         }
-        if labels.as_ref().is_some_and(BTreeMap::is_empty) {
-            *labels = None;
+    }
+
+    /// The followed labels of a cached Deployment, shared by every one that
+    /// carries the fixed labels (one pointer each instead of a map).
+    pub fn follow_shared(&self, labels: Option<&BTreeMap<String, String>>) -> Arc<FollowedLabels> {
+        let followed = self.follow(labels);
+        match &self.fixed {
+            Some(fixed) if **fixed == followed => fixed.clone(),
+            _ => Arc::new(followed),
         }
     }
 
@@ -125,6 +163,21 @@ impl Shard {
         }
         Ok(name)
     }
+}
+
+/// The value each key must have (`None`: absent) when every key has one
+/// requirement that fixes it: `key=v` or `!key`.
+fn fixed_labels(keys: &BTreeSet<String>, expressions: &[Expression]) -> Option<FollowedLabels> {
+    keys.iter()
+        .map(|key| {
+            let value = expressions.iter().find_map(|e| match e {
+                Expression::Equal(k, v) if k == key => Some(Some(v.clone())),
+                Expression::DoesNotExist(k) if k == key => Some(None),
+                _ => None,
+            })?;
+            Some((key.clone(), value))
+        })
+        .collect()
 }
 
 /// An expression as the words of its Lease name.
@@ -312,17 +365,60 @@ mod tests {
     }
 
     #[test]
-    fn the_caches_keep_only_the_followed_labels() {
-        let shard = Shard::parse("shard=a").unwrap();
-        let mut some = Some(labels(&[("shard", "a"), ("team", "x")]));
-        shard.keep_followed(&mut some);
-        assert_eq!(some, Some(labels(&[("shard", "a")])));
-        let mut none_left = Some(labels(&[("team", "x")]));
-        shard.keep_followed(&mut none_left);
-        assert_eq!(none_left, None, "an empty map costs more than none");
+    fn trimmed_labels_read_back_as_the_labels_they_were_trimmed_from() {
+        let selectors = ["shard=a", "!shard", "shard=a,!tier", "shard in (a,b)", "shard", "shard!=a", "tier,shard=a"];
+        let objects = [
+            labels(&[("shard", "a"), ("team", "x")]),
+            labels(&[("shard", "b")]),
+            labels(&[("team", "x")]),
+            labels(&[("shard", "a"), ("tier", "gold")]),
+            labels(&[]),
+        ];
+        for selector in selectors {
+            let shard = Shard::parse(selector).unwrap();
+            for object in &objects {
+                let mut trimmed = Some(object.clone());
+                shard.trim_labels(&mut trimmed);
+                assert_eq!(shard.follow_cached(trimmed.as_ref()), shard.follow(Some(object)), "{selector} {object:?}");
+                assert!(trimmed.iter().flatten().all(|(k, _)| shard.is_followed(k)), "{selector}: only followed keys");
+            }
+        }
         let mut all = Some(labels(&[("shard", "a")]));
-        Shard::all().keep_followed(&mut all);
+        Shard::all().trim_labels(&mut all);
         assert_eq!(all, None);
+    }
+
+    #[test]
+    fn a_shard_that_fixes_its_labels_keeps_none_per_object_it_selects() {
+        for (selector, selected) in
+            [("shard=a", labels(&[("shard", "a"), ("team", "x")])), ("!shard", labels(&[("team", "x")]))]
+        {
+            let shard = Shard::parse(selector).unwrap();
+            let mut trimmed = Some(selected);
+            shard.trim_labels(&mut trimmed);
+            assert_eq!(trimmed, None, "{selector}: implied by the watch's selector");
+        }
+        let fixed = Shard::parse("shard=a").unwrap();
+        let mut moved = Some(labels(&[("shard", "b")]));
+        fixed.trim_labels(&mut moved);
+        assert_eq!(moved, Some(labels(&[("shard", "b")])), "an object the selector no longer matches keeps its own");
+        let set = Shard::parse("shard in (a,b)").unwrap();
+        let mut in_set = Some(labels(&[("shard", "a")]));
+        set.trim_labels(&mut in_set);
+        assert_eq!(in_set, Some(labels(&[("shard", "a")])), "several values admitted: each object says which");
+    }
+
+    #[test]
+    fn the_deployments_of_a_fixed_shard_share_one_map_of_followed_labels() {
+        let shard = Shard::parse("shard=a").unwrap();
+        let a = labels(&[("shard", "a"), ("app", "nginx")]);
+        let (one, two) = (shard.follow_shared(Some(&a)), shard.follow_shared(Some(&a)));
+        assert!(Arc::ptr_eq(&one, &two));
+        assert_eq!(*one, BTreeMap::from([("shard".into(), Some("a".into()))]));
+        let other = shard.follow_shared(Some(&labels(&[("shard", "b")])));
+        assert_eq!(*other, BTreeMap::from([("shard".into(), Some("b".into()))]), "its own when it differs");
+        let unsharded = Shard::all();
+        assert!(Arc::ptr_eq(&unsharded.follow_shared(Some(&a)), &unsharded.follow_shared(None)));
     }
 
     #[test]

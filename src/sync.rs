@@ -157,7 +157,7 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     let owned = foo.uid().map(|uid| ctx.caches.deployments.controlled_by(&uid)).unwrap_or_default();
     let now = Time(Timestamp::now());
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    let followed = ctx.caches.shard.follow(foo.metadata.labels.as_ref());
+    let followed = ctx.caches.shard.follow_cached(foo.metadata.labels.as_ref());
 
     let mut plan = decide(&foo, current.as_deref(), &owned, &followed, &now);
     log_plan(&target, &plan);
