@@ -22,8 +22,9 @@
 #  6. memory with FOREIGN Deployments of someone else's added to the
 #     controller's namespace;
 #  7. SHARDS operators (--shard-selector shard=s0, ...) on N Foos labelled
-#     round robin, in a namespace of their own: time to converge, and each
-#     one's memory.
+#     round robin, in a namespace of their own, taken in turns with step 2
+#     (best of RUNS runs): time to converge, and each one's memory after
+#     the last run.
 # It also draws the Foos converged over time, ours and the floor's at the
 # same concurrency (the best run of each), into SVG (default
 # docs/bench-convergence.svg; in scale mode docs/bench-convergence-scale.svg,
@@ -46,7 +47,7 @@ FOREIGN="${FOREIGN-1000 5000}" # empty: none
 WORKERS="${WORKERS:-}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 RUNS="${RUNS:-2}"
-SHARDS="${SHARDS:-3}" # label shards for the last step; 0 or 1: none
+SHARDS="${SHARDS:-3}" # label shards for step 7; 0 or 1: none
 SVG="${SVG:-docs/bench-convergence$( ((N > 10000)) && echo "-$N" || { ((SCALE)) && echo -scale; } || true).svg}"
 FLOOR_UA="sample-controller-floor/"
 # The build measured: the newest commit that changed what runs (the code,
@@ -100,6 +101,24 @@ controller_run() { # run; leaves the controller running in namespace $ns
   record ours "$(elapsed "$start" "$converged")"
   audit curve "$UA" "$ns" > ".local/bench-curve-$ns.txt"
 }
+shard_run() { # run: SHARDS operators on N Foos labelled round robin
+  local sns="bench-shards-$1" k p s0 s1 pids=()
+  log "$SHARDS shards: $N Foos (run $1 of $RUNS)"
+  create_foos "$sns" "$N" "$SHARDS"
+  settle
+  for k in $(seq 0 $((SHARDS - 1))); do
+    "$BIN" --namespace "$sns" --shard-selector "shard=s$k" "${workers_flag[@]}" \
+      --metrics-bind-address 0 --health-probe-bind-address 0 > ".local/bench-shard-$k.log" 2>&1 &
+    pids+=($!)
+  done
+  read -r s0 s1 < <(audit wait-converged "$UA" "$sns" "$N" 1800)
+  record shards "$(elapsed "$s0" "$s1")"
+  sleep 2 # as for one operator's RSS
+  shard_rss=()
+  for p in "${pids[@]}"; do shard_rss+=("$(rss "$p")"); done
+  kill -TERM "${pids[@]}"; wait "${pids[@]}" 2>/dev/null || true
+  clear_run "$sns"
+}
 stop_controller() { # as SIGTERM does: its queued events go out first
   kill -TERM "$pid"; wait "$pid" 2>/dev/null || true; pid=
 }
@@ -123,6 +142,7 @@ for c in "${concurrencies[@]:1}"; do
 done
 for run in $(seq 1 "$RUNS"); do
   floor_run "$WORKERS_USED" "$run"
+  (( SHARDS > 1 )) && shard_run "$run"
   controller_run "$run"
   (( run == RUNS )) && break
   stop_controller
@@ -206,23 +226,6 @@ done
 peak=$(hwm "$pid")
 stop_controller
 
-shard_rss=()
-if (( SHARDS > 1 )); then
-  sns=bench-shards
-  log "$SHARDS shards: $N Foos"
-  create_foos "$sns" "$N" "$SHARDS"
-  settle
-  shard_pids=()
-  for k in $(seq 0 $((SHARDS - 1))); do
-    "$BIN" --namespace "$sns" --shard-selector "shard=s$k" "${workers_flag[@]}" \
-      --metrics-bind-address 0 --health-probe-bind-address 0 > ".local/bench-shard-$k.log" 2>&1 &
-    shard_pids+=($!)
-  done
-  read -r shards_start shards_converged < <(audit wait-converged "$UA" "$sns" "$N" 1800)
-  sleep 2
-  for p in "${shard_pids[@]}"; do shard_rss+=("$(rss "$p")"); done
-  kill -TERM "${shard_pids[@]}"; wait "${shard_pids[@]}" 2>/dev/null || true
-fi
 curves() { local prefix=$1 run files=(); for run in $(seq 1 "$RUNS"); do files+=(".local/bench-curve-$prefix-$run.txt"); done; (IFS=,; echo "${files[*]}"); }
 python3 hack/audit.py svg "$SVG" "$N Foos converging, --workers $WORKERS_USED (best of $RUNS runs each)" \
   "sample-controller=$(curves bench)" "floor at concurrency $WORKERS_USED=$(curves "floor-$WORKERS_USED")"
@@ -258,8 +261,8 @@ for entry in "${rss_foreign[@]}"; do
 done
 printf '%-58s %s\n' "peak RSS" "$peak MiB"
 if (( SHARDS > 1 )); then
-  shards_time=$(elapsed "$shards_start" "$shards_converged")
-  printf '%-58s %s\n' "$SHARDS label shards: converged" "${shards_time}s  ($(ratio "$shards_time" "$ours")x one operator's; one run)"
+  printf '%-58s %s\n' "$SHARDS label shards: converged" \
+    "${best[shards]}s  ($(ratio "${best[shards]}" "$ours")x one operator's; runs: ${runs[shards]})"
   printf '%-58s %s\n' "$SHARDS label shards: RSS of each after convergence" "${shard_rss[*]} MiB  (one operator: $rss_converged MiB)"
 fi
 printf '%-58s %s\n' "convergence curve" "$SVG"
