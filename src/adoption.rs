@@ -59,7 +59,7 @@ impl Adoption {
     }
 
     /// Run the pass; `cached_foo` answers with the uid of a cached Foo and
-    /// the labels its Deployment follows ([`crate::shard::Shard::follow`]),
+    /// the labels its Deployment follows ([`crate::shard::Shard::follow_cached`]),
     /// `may_write` whether this replica may still write (leader election).
     /// Adopted Deployments are handed to `adopted` (for the cache) as the API
     /// server returned them. A failure is logged and not fatal: a sync still

@@ -202,7 +202,10 @@ pub fn trim_deployment(shard: &Shard) -> impl Fn(&mut DeploymentView) + Send + S
     move |d| {
         trim_metadata(d);
         d.managed = d.is_managed();
-        d.shard_labels = Some(shard.follow_shared(d.metadata.labels.as_ref()));
+        // Once: a view trimmed before has its labels in `shard_labels` already.
+        if d.shard_labels.is_none() {
+            d.shard_labels = Some(shard.follow_shared(d.metadata.labels.as_ref()));
+        }
         d.metadata.labels = None;
     }
 }
@@ -368,6 +371,8 @@ mod tests {
         d.metadata.labels.get_or_insert_default().insert("shard".into(), "a".into());
         trim_deployment(&shard)(&mut d);
         assert!(d.relabelling(&followed).is_empty(), "in its Foo's shard");
+        trim_deployment(&shard)(&mut d);
+        assert!(d.relabelling(&followed).is_empty(), "trimmed twice, still in it");
         let to_b = BTreeMap::from([("shard".to_owned(), Some("b".to_owned()))]);
         assert_eq!(d.relabelling(&to_b), to_b, "a Foo moved to b: relabelled");
     }

@@ -39,6 +39,9 @@ pub struct Shard {
     /// carries exactly these, so the caches need not keep them per object
     /// ([`Shard::trim_labels`]). `None` when a requirement admits several.
     fixed: Option<Arc<FollowedLabels>>,
+    /// Every followed key absent: what the Deployments of Foos without the
+    /// labels share when the selector admits that (`shard notin (a,b)`).
+    absent: Arc<FollowedLabels>,
 }
 
 impl Default for Shard {
@@ -50,7 +53,7 @@ impl Default for Shard {
 impl Shard {
     /// Every Foo: no `--shard-selector`.
     pub fn all() -> Self {
-        Shard { selector: None, keys: BTreeSet::new(), fixed: Some(Arc::default()) }
+        Shard { selector: None, keys: BTreeSet::new(), fixed: Some(Arc::default()), absent: Arc::default() }
     }
 
     /// Parse a label selector as `kubectl -l` takes it. Keys the controller
@@ -73,7 +76,8 @@ impl Shard {
             ));
         }
         let fixed = fixed_labels(&keys, &expressions).map(Arc::new);
-        Ok(Shard { selector: Some(Selector::from_iter(expressions)), keys, fixed })
+        let absent = Arc::new(keys.iter().map(|k| (k.clone(), None)).collect());
+        Ok(Shard { selector: Some(Selector::from_iter(expressions)), keys, fixed, absent })
     }
 
     /// The selector for the API server's lists and watches; `None` for all.
@@ -102,9 +106,11 @@ impl Shard {
 
     /// Trim a cached Foo's labels to what [`Shard::follow_cached`] reads back:
     /// the followed ones only, and none at all when they are the ones the
-    /// selector fixes. A map of one label is a 544-byte tree node, 1.1 KiB
-    /// per Foo with its Deployment's; every object a `shard=a` watch
-    /// delivers carries `shard=a`, so that is not worth keeping.
+    /// selector fixes. A map of one label is a 544-byte tree node, over a
+    /// KiB per Foo with its Deployment's; every object a `shard=a` watch
+    /// delivers carries `shard=a`, so that is not worth keeping. Trim once,
+    /// what the API server sent: a trimmed `None` trimmed again would read
+    /// as "no shard label".
     pub fn trim_labels(&self, labels: &mut Option<BTreeMap<String, String>>) {
         let mut kept = labels.take().unwrap_or_default();
         kept.retain(|k, _| self.is_followed(k));
@@ -126,11 +132,13 @@ impl Shard {
     }
 
     /// The followed labels of a cached Deployment, shared by every one that
-    /// carries the fixed labels (one pointer each instead of a map).
+    /// carries the fixed labels, or none of the followed ones (one pointer
+    /// each instead of a map); a map of its own otherwise.
     pub fn follow_shared(&self, labels: Option<&BTreeMap<String, String>>) -> Arc<FollowedLabels> {
         let followed = self.follow(labels);
         match &self.fixed {
             Some(fixed) if **fixed == followed => fixed.clone(),
+            _ if *self.absent == followed => self.absent.clone(),
             _ => Arc::new(followed),
         }
     }
@@ -166,12 +174,13 @@ impl Shard {
 }
 
 /// The value each key must have (`None`: absent) when every key has one
-/// requirement that fixes it: `key=v` or `!key`.
+/// requirement that fixes it: `key=v`, `key in (v)` or `!key`.
 fn fixed_labels(keys: &BTreeSet<String>, expressions: &[Expression]) -> Option<FollowedLabels> {
     keys.iter()
         .map(|key| {
             let value = expressions.iter().find_map(|e| match e {
                 Expression::Equal(k, v) if k == key => Some(Some(v.clone())),
+                Expression::In(k, vs) if k == key && vs.len() == 1 => Some(vs.first().cloned()),
                 Expression::DoesNotExist(k) if k == key => Some(None),
                 _ => None,
             })?;
@@ -366,7 +375,16 @@ mod tests {
 
     #[test]
     fn trimmed_labels_read_back_as_the_labels_they_were_trimmed_from() {
-        let selectors = ["shard=a", "!shard", "shard=a,!tier", "shard in (a,b)", "shard", "shard!=a", "tier,shard=a"];
+        let selectors = [
+            "shard=a",
+            "!shard",
+            "shard=a,!tier",
+            "shard in (a)",
+            "shard in (a,b)",
+            "shard",
+            "shard!=a",
+            "tier,shard=a",
+        ];
         let objects = [
             labels(&[("shard", "a"), ("team", "x")]),
             labels(&[("shard", "b")]),
@@ -419,6 +437,13 @@ mod tests {
         assert_eq!(*other, BTreeMap::from([("shard".into(), Some("b".into()))]), "its own when it differs");
         let unsharded = Shard::all();
         assert!(Arc::ptr_eq(&unsharded.follow_shared(Some(&a)), &unsharded.follow_shared(None)));
+        let rest = Shard::parse("shard notin (a,b)").unwrap();
+        let unlabelled = labels(&[("app", "nginx")]);
+        assert!(
+            Arc::ptr_eq(&rest.follow_shared(Some(&unlabelled)), &rest.follow_shared(None)),
+            "no shard label: shared"
+        );
+        assert_eq!(*rest.follow_shared(None), BTreeMap::from([("shard".into(), None)]));
     }
 
     #[test]
