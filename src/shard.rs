@@ -115,7 +115,7 @@ impl Shard {
         let mut kept = labels.take().unwrap_or_default();
         kept.retain(|k, _| self.is_followed(k));
         let implied = match &self.fixed {
-            Some(fixed) => self.follow(Some(&kept)) == **fixed,
+            Some(fixed) => carries(Some(&kept), fixed),
             None => kept.is_empty(),
         };
         // An empty map allocates nothing: `Some` of one says "none of the
@@ -135,11 +135,10 @@ impl Shard {
     /// carries the fixed labels, or none of the followed ones (one pointer
     /// each instead of a map); a map of its own otherwise.
     pub fn follow_shared(&self, labels: Option<&BTreeMap<String, String>>) -> Arc<FollowedLabels> {
-        let followed = self.follow(labels);
         match &self.fixed {
-            Some(fixed) if **fixed == followed => fixed.clone(),
-            _ if *self.absent == followed => self.absent.clone(),
-            _ => Arc::new(followed),
+            Some(fixed) if carries(labels, fixed) => fixed.clone(),
+            _ if carries(labels, &self.absent) => self.absent.clone(),
+            _ => Arc::new(self.follow(labels)),
         }
     }
 
@@ -171,6 +170,13 @@ impl Shard {
         }
         Ok(name)
     }
+}
+
+/// True when `labels` has each followed key's value in `followed` (`None`:
+/// lacks it): `follow(labels) == *followed` without building the map, on
+/// every watch event of the caches.
+fn carries(labels: Option<&BTreeMap<String, String>>, followed: &FollowedLabels) -> bool {
+    followed.iter().all(|(k, v)| labels.and_then(|l| l.get(k)) == v.as_ref())
 }
 
 /// The value each key must have (`None`: absent) when every key has one
