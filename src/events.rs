@@ -3,6 +3,11 @@
 //! sends them through kube-runtime's [`Recorder`] (events.k8s.io/v1, repeats
 //! counted into a series). Events are best effort: a full queue drops them
 //! with a warning, as client-go does, rather than slowing syncs down.
+//! Beyond client-go, Events yield to syncs: while every worker is busy and
+//! more Foos wait ([`QueueMetrics::backed_up`]), one Event goes out per
+//! [`BACKED_UP_PACE`], so a burst of syncs (a restore) does not share the
+//! API server with the Events describing it; the rest follow once it is
+//! through.
 //!
 //! A [`Recorder`] remembers every Event it sent for six minutes, to count a
 //! repeat into the first one's series, in a table that never shrinks and
@@ -36,6 +41,7 @@ use tracing::{debug, warn};
 use crate::constants::{ACTION_RECONCILE, CONTROLLER_NAME};
 use crate::decision::EventSpec;
 use crate::leader::{Fence, may_write};
+use crate::workqueue::QueueMetrics;
 
 /// Events waiting to be sent. client-go's broadcaster queues 1000 and drops
 /// the rest; at ten thousand new Foos at once (a restore, the benchmark's
@@ -55,6 +61,10 @@ const GENERATIONS: usize = 4;
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 /// How often an idle publisher drops the generations whose window is over.
 const EXPIRY_CHECK: Duration = Duration::from_secs(60);
+/// One Event per this while syncs are backed up. Sent one after another,
+/// about 1 400 Events of 10 000 new Foos went out while the Foos converged,
+/// and took a quarter of the API server's CPU (docs/design.md).
+const BACKED_UP_PACE: Duration = Duration::from_secs(1);
 /// How often events dropped on a full queue are reported, at most.
 const DROP_REPORT: Duration = Duration::from_secs(30);
 
@@ -68,15 +78,22 @@ pub struct Publisher {
 impl Publisher {
     /// Start the background sender. `instance` is the Events'
     /// `reportingInstance` (the leader-election identity); under leader
-    /// election, an event is sent only while `fence` holds.
-    pub fn start(client: Client, instance: Option<String>, fence: Option<Arc<Fence>>) -> Self {
-        Self::start_remembering(client, instance, fence, REMEMBERED)
+    /// election, an event is sent only while `fence` holds; Events yield
+    /// to the syncs `syncs` queues.
+    pub fn start(
+        client: Client,
+        instance: Option<String>,
+        fence: Option<Arc<Fence>>,
+        syncs: Arc<QueueMetrics>,
+    ) -> Self {
+        Self::start_remembering(client, instance, fence, syncs, REMEMBERED)
     }
 
     fn start_remembering(
         client: Client,
         instance: Option<String>,
         fence: Option<Arc<Fence>>,
+        syncs: Arc<QueueMetrics>,
         remembered: usize,
     ) -> Self {
         let reporter = Reporter { controller: CONTROLLER_NAME.into(), instance };
@@ -87,6 +104,7 @@ impl Publisher {
         // out the syncs' own writes at the API server.
         let task = tokio::spawn(async move {
             let mut recorders = Generations::new(remembered);
+            let mut last_sent = None;
             loop {
                 // A quiet queue still lets finished generations go.
                 let next = tokio::time::timeout(EXPIRY_CHECK, rx.recv()).await;
@@ -97,6 +115,11 @@ impl Publisher {
                     continue;
                 };
                 let Some((ev, regarding)) = next else { break };
+                if let Some(last) = last_sent
+                    && syncs.backed_up()
+                {
+                    tokio::time::sleep_until(last + BACKED_UP_PACE).await;
+                }
                 if !may_write(fence.as_deref()) {
                     // A paused leader's queue: a standby may lead by now.
                     debug!(reason = ev.reason, "not leading any more; event dropped");
@@ -105,6 +128,7 @@ impl Publisher {
                 let new = || Recorder::new(client.clone(), reporter.clone());
                 let recorder = recorders.for_series(series_key(&ev, &regarding), Instant::now(), new);
                 send(recorder, &ev, &regarding).await;
+                last_sent = Some(tokio::time::Instant::now());
             }
         });
         Publisher { queue: Mutex::new(Some(tx)), task: Mutex::new(Some(task)), drops }
@@ -331,7 +355,8 @@ mod tests {
     #[tokio::test]
     async fn a_repeated_event_joins_its_series_after_its_recorder_was_followed_by_another() {
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let publisher = Publisher::start_remembering(Client::new(service, "default"), None, None, 2);
+        let syncs = Arc::new(QueueMetrics::default());
+        let publisher = Publisher::start_remembering(Client::new(service, "default"), None, None, syncs, 2);
         for name in ["a", "a", "b", "c", "a"] {
             publisher.publish(synced(), foo(name));
         }
@@ -343,6 +368,28 @@ mod tests {
         // "c" is the third series: a fresh Recorder starts it. The last "a"
         // still goes to the first Recorder, which counts it into its series.
         assert_eq!(sent, [("POST", "a"), ("PATCH", "a"), ("POST", "b"), ("POST", "c"), ("PATCH", "a")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_go_out_one_a_second_while_syncs_are_backed_up_and_at_once_after() {
+        let syncs = Arc::new(QueueMetrics::default());
+        syncs.set_workers(1);
+        let busy = syncs.started("default/busy");
+        syncs.added("default/waiting".into());
+        let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let publisher = Publisher::start(Client::new(service, "default"), None, None, syncs.clone());
+        for name in ["a", "b", "c"] {
+            publisher.publish(synced(), foo(name));
+        }
+        let start = tokio::time::Instant::now();
+        assert_eq!(next_event(&mut api).await.1, "a");
+        assert_eq!(start.elapsed(), Duration::ZERO, "the first Event has nothing to wait for");
+        assert_eq!(next_event(&mut api).await.1, "b");
+        let second = tokio::time::Instant::now();
+        assert!(second - start >= BACKED_UP_PACE, "the next one waited its turn: {:?}", second - start);
+        drop(busy); // the worker is free: the waiting Foo can start
+        assert_eq!(next_event(&mut api).await.1, "c");
+        assert_eq!(second.elapsed(), Duration::ZERO, "no sync running, nothing to yield to");
     }
 
     /// Which generation (the order it was made in) `for_series` picks.
@@ -410,7 +457,7 @@ mod tests {
     async fn a_replica_past_its_renew_deadline_sends_none_of_its_queued_events() {
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let fence = Arc::new(Fence::new()); // never renewed: does not hold
-        let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence));
+        let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence), Arc::default());
         publisher.publish(synced(), foo("a"));
         let flushed = publisher.flush(Duration::from_secs(5));
         // (The sender's end of the mock closes when the publisher stops.)

@@ -56,7 +56,7 @@ impl Context {
         instance: Option<String>,
         fence: Option<Arc<Fence>>,
     ) -> Self {
-        let events = Publisher::start(client.clone(), instance, fence.clone());
+        let events = Publisher::start(client.clone(), instance, fence.clone(), metrics.queue.clone());
         Context { client, caches, adoption, events, metrics, fence, failures: Failures::default() }
     }
 

@@ -16,6 +16,7 @@
 //! kube-runtime may fold it into the running sync's successor differently.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use kube::Resource;
@@ -51,6 +52,8 @@ pub struct QueueMetrics {
     retries: Counter,
     queue_duration: Histogram,
     work_duration: Histogram,
+    /// Syncs that run at once (`--workers`); 0 until set.
+    workers: AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -98,6 +101,7 @@ impl Default for QueueMetrics {
             retries: Counter::default(),
             queue_duration: Histogram::new(duration_buckets()),
             work_duration: Histogram::new(duration_buckets()),
+            workers: AtomicUsize::new(0),
             state: Mutex::default(),
         }
     }
@@ -154,6 +158,21 @@ impl QueueMetrics {
         drop(state);
         self.queue_duration.observe(waited.as_secs_f64());
         Working { queue: self, id, started: now }
+    }
+
+    /// How many syncs run at once, for [`QueueMetrics::backed_up`].
+    pub fn set_workers(&self, workers: usize) {
+        self.workers.store(workers, Ordering::Relaxed);
+    }
+
+    /// Whether syncs are backed up: every worker busy and another Foo
+    /// waiting (due, or backing off after a failure). What waits behind
+    /// syncs (Events) goes slower then; once the syncs stop (a shutdown),
+    /// nothing runs and nothing is backed up.
+    pub fn backed_up(&self) -> bool {
+        let workers = self.workers.load(Ordering::Relaxed);
+        let state = self.state();
+        workers > 0 && state.running.len() >= workers && !state.pending.is_empty()
     }
 
     fn state(&self) -> parking_lot::MutexGuard<'_, State> {
@@ -219,6 +238,23 @@ mod tests {
         q.forget("ns/b");
         assert_eq!(q.snapshot().0, 0);
         assert_eq!(q.retries.get(), 1);
+    }
+
+    #[test]
+    fn syncs_are_backed_up_while_every_worker_is_busy_and_another_foo_waits() {
+        let q = QueueMetrics::default();
+        q.added("ns/a".into());
+        q.added("ns/b".into());
+        let a = q.started("ns/a");
+        assert!(!q.backed_up(), "the number of workers is not known yet");
+        q.set_workers(2);
+        assert!(!q.backed_up(), "a worker is free for b");
+        let b = q.started("ns/b");
+        assert!(!q.backed_up(), "both busy, none waiting");
+        q.retried("ns/c".into(), Duration::from_secs(60));
+        assert!(q.backed_up(), "both busy and c waits (backing off counts)");
+        drop((a, b));
+        assert!(!q.backed_up(), "no sync running (a shutdown): nothing to yield to");
     }
 
     #[test]
