@@ -89,6 +89,7 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
     // status write changes its resourceVersion, not its generation: it wakes
     // no sync (the first sight of each Foo does, and a change of the labels
     // its Deployment follows: `changed_foos`).
+    queue.set_workers(settings.workers.into());
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
     let foo_triggers = changed_foos(foos.reflect(foo_writer, foo_events)).inspect(move |foo| {
         if let Ok(foo) = foo {

@@ -178,7 +178,6 @@ impl Metrics {
 
     pub fn set_max_workers(&self, workers: u16) {
         self.max_workers.get_or_create(&controller_labels()).set(i64::from(workers));
-        self.queue.set_workers(workers.into());
     }
 
     pub fn set_leader(&self, lease: &str, leading: bool) {

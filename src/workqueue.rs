@@ -14,6 +14,10 @@
 //! fell due) to the start of its sync. Approximate: a trigger that arrives
 //! while the same Foo is being synced counts as an add, as in client-go, but
 //! kube-runtime may fold it into the running sync's successor differently.
+//!
+//! The same bookkeeping tells the Event publisher when syncs are backed up
+//! ([`QueueMetrics::backed_up`]): an entry left behind here would hold
+//! Events back, not only skew a gauge.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -165,14 +169,16 @@ impl QueueMetrics {
         self.workers.store(workers, Ordering::Relaxed);
     }
 
-    /// Whether syncs are backed up: every worker busy and another Foo
-    /// waiting (due, or backing off after a failure). What waits behind
-    /// syncs (Events) goes slower then; once the syncs stop (a shutdown),
-    /// nothing runs and nothing is backed up.
+    /// Whether syncs are backed up: every worker busy and another Foo due
+    /// (one backing off after a failure is not waiting for a worker). What
+    /// waits behind syncs (Events) goes slower then; once the syncs stop (a
+    /// shutdown), nothing runs and nothing is backed up.
     pub fn backed_up(&self) -> bool {
         let workers = self.workers.load(Ordering::Relaxed);
         let state = self.state();
-        workers > 0 && state.running.len() >= workers && !state.pending.is_empty()
+        let now = Instant::now();
+        // In a burst the first entry is due: the scan stops at once.
+        workers > 0 && state.running.len() >= workers && state.pending.values().any(|due| *due <= now)
     }
 
     fn state(&self) -> parking_lot::MutexGuard<'_, State> {
@@ -252,7 +258,9 @@ mod tests {
         let b = q.started("ns/b");
         assert!(!q.backed_up(), "both busy, none waiting");
         q.retried("ns/c".into(), Duration::from_secs(60));
-        assert!(q.backed_up(), "both busy and c waits (backing off counts)");
+        assert!(!q.backed_up(), "c backs off: it waits for its time, not for a worker");
+        q.added("ns/d".into());
+        assert!(q.backed_up(), "both busy and d is due");
         drop((a, b));
         assert!(!q.backed_up(), "no sync running (a shutdown): nothing to yield to");
     }
