@@ -392,6 +392,27 @@ mod tests {
         assert_eq!(second.elapsed(), Duration::ZERO, "no sync running, nothing to yield to");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn an_event_waiting_its_turn_is_dropped_if_the_replica_stops_leading_meanwhile() {
+        let syncs = Arc::new(QueueMetrics::default());
+        syncs.set_workers(1);
+        let _busy = syncs.started("default/busy");
+        syncs.added("default/waiting".into());
+        let fence = Arc::new(Fence::holding_for(Duration::from_secs(3600)));
+        let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence.clone()), syncs.clone());
+        publisher.publish(synced(), foo("a"));
+        publisher.publish(synced(), foo("b"));
+        assert_eq!(next_event(&mut api).await.1, "a");
+        tokio::time::sleep(BACKED_UP_PACE / 2).await; // "b" is waiting its turn
+        fence.doubt();
+        let flushed = publisher.flush(Duration::from_secs(5));
+        tokio::select! {
+            Some((request, _)) = api.next_request() => panic!("sent {} after the fence stopped holding", request.uri()),
+            _ = flushed => {}
+        }
+    }
+
     /// Which generation (the order it was made in) `for_series` picks.
     fn pick(g: &mut Generations<u32>, key: u64, at: Instant) -> u32 {
         let next = g.next_id as u32;
