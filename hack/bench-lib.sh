@@ -56,6 +56,9 @@ calc() { awk "BEGIN { printf \"$1\n\", $2 }"; }
 elapsed() { calc %.2f "$2 - $1"; } # from to: seconds between, to 10 ms
 least() { printf '%s\n' "$@" | sort -g | head -n 1; }   # numbers...
 greatest() { printf '%s\n' "$@" | sort -g | tail -n 1; } # numbers...
+median() { # numbers...: the middle one, or the mean of the middle two
+  printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%.2f\n", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
 
 rss() { # pid: resident memory in MiB
   awk '$1 == "VmRSS:" {printf "%.1f", $2 / 1024}' "/proc/$1/status"

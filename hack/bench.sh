@@ -12,7 +12,8 @@
 #     create and a status write per Foo) for N Foos, at 16 and at the
 #     controller's concurrency, best of RUNS runs;
 #  2. in turns with the latter, N Foos created, then the controller started
-#     (release build): time to converge, best of RUNS runs; of the last, its
+#     (release build): time to converge, best of RUNS runs, and each
+#     round's ratio to the floor's run with their median; of the last, its
 #     requests by verb and resource and its memory. Each run's namespace is
 #     deleted before the next run;
 #  3. a steady window once the controller-manager has stopped writing;
@@ -73,9 +74,10 @@ clear_run() { # namespace
   kubectl delete namespace "$1" --timeout=1800s >/dev/null
   settle
 }
-declare -A best runs
+declare -A best runs last
 record() { # what seconds
   runs[$1]+="${runs[$1]:+, }${2}s"
+  last[$1]=$2
   best[$1]=$(least "$2" ${best[$1]:+"${best[$1]}"})
 }
 floor_run() { # concurrency run
@@ -140,10 +142,17 @@ concurrencies=("$WORKERS_USED")
 for c in "${concurrencies[@]:1}"; do
   for run in $(seq 1 "$RUNS"); do floor_run "$c" "$run"; done
 done
+# A round's ratio compares runs that met the same plane and machine; the
+# median of the rounds is steadier than the ratio of two bests, each of
+# which may come from a different round.
+ratio() { calc %.2f "$1 / $2"; }
+in_turns=() shards_in_turns=()
 for run in $(seq 1 "$RUNS"); do
   floor_run "$WORKERS_USED" "$run"
   (( SHARDS > 1 )) && shard_run "$run"
   controller_run "$run"
+  in_turns+=("$(ratio "${last[ours]}" "${last[floor-$WORKERS_USED]}")")
+  (( SHARDS > 1 )) && shards_in_turns+=("$(ratio "${last[shards]}" "${last[ours]}")")
   (( run == RUNS )) && break
   stop_controller
   clear_run "$ns"
@@ -231,7 +240,7 @@ python3 hack/audit.py svg "$SVG" "$N Foos converging, --workers $WORKERS_USED (b
   "sample-controller=$(curves bench)" "floor at concurrency $WORKERS_USED=$(curves "floor-$WORKERS_USED")"
 
 per_foo() { calc %.2f "$1 / $2"; }
-ratio() { calc %.2f "$1 / $2"; }
+rounds() { (IFS=,; echo "${*}" | sed 's/,/, /g'); }
 summary=".local/bench-summary-$build-N$N.txt"
 {
 echo
@@ -242,6 +251,8 @@ for c in "${concurrencies[@]}"; do
   printf '%-58s %s\n' "floor at concurrency $c (creates + status writes only)" \
     "${best[floor-$c]}s  (ours: $(ratio "$ours" "${best[floor-$c]}")x; runs: ${runs[floor-$c]})"
 done
+printf '%-58s %s\n' "ours / the floor at $WORKERS_USED, round by round (in turns)" \
+  "$(rounds "${in_turns[@]}")  (median $(median "${in_turns[@]}")x)"
 # With the Deployment controller and kwok, each Foo's status changes once
 # more after creation: its pod becomes available (a status write, an event).
 budget=$( ((SCALE)) && echo "3: create, status, event" || echo "3 for the new Foo + 2 when its pod becomes available")
@@ -263,6 +274,8 @@ printf '%-58s %s\n' "peak RSS" "$peak MiB"
 if (( SHARDS > 1 )); then
   printf '%-58s %s\n' "$SHARDS label shards: converged" \
     "${best[shards]}s  ($(ratio "${best[shards]}" "$ours")x one operator's; runs: ${runs[shards]})"
+  printf '%-58s %s\n' "$SHARDS label shards / one operator, round by round" \
+    "$(rounds "${shards_in_turns[@]}")  (median $(median "${shards_in_turns[@]}")x)"
   printf '%-58s %s\n' "$SHARDS label shards: RSS of each after convergence" "${shard_rss[*]} MiB  (one operator: $rss_converged MiB)"
 fi
 printf '%-58s %s\n' "convergence curve" "$SVG"
