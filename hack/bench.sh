@@ -256,7 +256,7 @@ printf '%-58s %s\n' "ours / the floor at $WORKERS_USED, round by round (in turns
 # With the Deployment controller and kwok, each Foo's status changes once
 # more after creation: its pod becomes available (a status write, an event).
 budget=$( ((SCALE)) && echo "3: create, status, event" || echo "3 for the new Foo + 2 when its pod becomes available")
-printf '%-58s %s\n' "requests while converging" "${converging[0]}  ($(per_foo "${converging[0]}" "$N") per Foo; budget $budget)"
+printf '%-58s %s\n' "requests until the controller is quiet" "${converging[0]}  ($(per_foo "${converging[0]}" "$N") per Foo; budget $budget)"
 printf '    %s\n' "${converging[@]:1}"
 printf '%-58s %s\n' "requests in the steady window (${WINDOW}s)" "${steady[0]}  ($(calc %.1f "${steady[0]} * 60 / $WINDOW") per minute)"
 (( ${#steady[@]} > 1 )) && printf '    %s\n' "${steady[@]:1}"
