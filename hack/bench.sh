@@ -24,8 +24,9 @@
 #     controller's namespace;
 #  7. SHARDS operators (--shard-selector shard=s0, ...) on N Foos labelled
 #     round robin, in a namespace of their own, taken in turns with step 2
-#     (best of RUNS runs): time to converge, and each one's memory after
-#     the last run.
+#     (best of RUNS runs, and each round's ratio to one operator's run with
+#     their median): time to converge, and each one's memory after the
+#     last run.
 # It also draws the Foos converged over time, ours and the floor's at the
 # same concurrency (the best run of each), into SVG (default
 # docs/bench-convergence.svg; in scale mode docs/bench-convergence-scale.svg,
