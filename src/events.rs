@@ -370,12 +370,18 @@ mod tests {
         assert_eq!(sent, [("POST", "a"), ("PATCH", "a"), ("POST", "b"), ("POST", "c"), ("PATCH", "a")]);
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn events_go_out_one_a_second_while_syncs_are_backed_up_and_at_once_after() {
+    /// Syncs with one worker and a Foo due: backed up once that worker is busy.
+    fn one_worker_and_a_foo_due() -> Arc<QueueMetrics> {
         let syncs = Arc::new(QueueMetrics::default());
         syncs.set_workers(1);
-        let busy = syncs.started("default/busy");
         syncs.added("default/waiting".into());
+        syncs
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn events_go_out_one_a_second_while_syncs_are_backed_up_and_at_once_after() {
+        let syncs = one_worker_and_a_foo_due();
+        let busy = syncs.started("default/busy");
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let publisher = Publisher::start(Client::new(service, "default"), None, None, syncs.clone());
         for name in ["a", "b", "c"] {
@@ -394,10 +400,8 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_event_waiting_its_turn_is_dropped_if_the_replica_stops_leading_meanwhile() {
-        let syncs = Arc::new(QueueMetrics::default());
-        syncs.set_workers(1);
+        let syncs = one_worker_and_a_foo_due();
         let _busy = syncs.started("default/busy");
-        syncs.added("default/waiting".into());
         let fence = Arc::new(Fence::holding_for(Duration::from_secs(3600)));
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence.clone()), syncs.clone());

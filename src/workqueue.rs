@@ -177,7 +177,8 @@ impl QueueMetrics {
         let workers = self.workers.load(Ordering::Relaxed);
         let state = self.state();
         let now = Instant::now();
-        // In a burst the first entry is due: the scan stops at once.
+        // In a burst nearly every entry is due, so the scan stops at one of
+        // the first; only when every waiting Foo backs off does it read all.
         workers > 0 && state.running.len() >= workers && state.pending.values().any(|due| *due <= now)
     }
 
