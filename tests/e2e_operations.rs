@@ -35,7 +35,11 @@ async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
     assert_eq!(metric(standby, FAILED_RECONCILES_SERIES).await, Some(0.0), "the standby reconciled");
     // Every event about the Foo came from the Lease holder.
     let holder = holder(&ns).await.expect("a Lease holder");
-    let events = ns.controller_events().await;
+    // Events go out in the background, after the sync that counted.
+    let events = wait_until("an event about the Foo", TIMEOUT, || async {
+        Some(ns.controller_events().await).filter(|events| !events.is_empty())
+    })
+    .await;
     let instances: Vec<_> = events.iter().filter_map(|e| e.reporting_instance.clone()).collect();
     assert!(!instances.is_empty());
     assert!(instances.iter().all(|i| *i == holder), "writers {instances:?}, leader {holder}");
