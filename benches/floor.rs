@@ -24,7 +24,9 @@ mod support;
 /// Its own User-Agent, so the audit log tells it from the controller.
 const USER_AGENT: &str = "sample-controller-floor/0";
 
-#[tokio::main]
+/// On one thread, as the controller runs, so the two differ only in what
+/// they send and watch.
+#[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let [namespace, concurrency] = support::args("floor <namespace> <concurrency>")?;
     let concurrency: usize = concurrency.parse()?;
