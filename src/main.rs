@@ -13,9 +13,9 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// One thread runs it all. The controller waits on the API server far more
 /// than it computes, and on a multi-threaded runtime every answer woke a
-/// task on another thread: at 10 000 new Foos that took it 12 s of CPU
-/// against 7 s here, on the cores the API server needed, and the Foos
-/// converged 14–24 % later (docs/api-cost.md).
+/// task on another thread: at 10 000 new Foos that took 12–13 s of CPU
+/// against 7 s on one thread, from the cores the API server needs
+/// (docs/api-cost.md).
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     // Upstream's command line (Go's `-kubeconfig=PATH`, klog's `-v=N`) works as is.
