@@ -12,8 +12,8 @@ use sample_controller::{app, telemetry};
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// One thread runs it all. The controller waits on the API server far more
-/// than it computes, and on a multi-threaded runtime every answer woke a
-/// task on another thread: at 10 000 new Foos that took 12–13 s of CPU
+/// than it computes, and on a multi-threaded runtime answers woke tasks on
+/// other threads: at 10 000 new Foos that took 12–13 s of CPU
 /// against 7 s on one thread, from the cores the API server needs
 /// (docs/api-cost.md).
 #[tokio::main(flavor = "current_thread")]
