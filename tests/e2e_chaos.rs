@@ -302,12 +302,20 @@ async fn operator_killed_at_random_moments_while_foos_converge() {
         // Only the operator writes Foo statuses: with it dead, the count is
         // frozen, and below MANY it had work left (pods still to report).
         let ready = ready_foos(&ns).await;
-        assert!(ready < MANY, "kill #{round} landed after convergence (CHAOS_SEED={seed})");
+        if ready == MANY {
+            // The first kill comes while Deployments' pods are still to come
+            // up. A later operator may find only status writes left (the pods
+            // came up while it was down), which it finishes within one poll
+            // of the count: then no work is left to interrupt.
+            assert!(round > 0, "the first kill landed after convergence (CHAOS_SEED={seed})");
+            println!("operator SIGKILL #{round} landed after convergence: no kill is left to test");
+            break;
+        }
         println!("operator SIGKILL #{round} with {ready} of {MANY} Foos ready");
     }
     let _op = operator(&ns, "final", &[]).await;
-    let took = converged(&ns, "after four crashes").await;
-    println!("operator killed 4 times during the convergence of {MANY} Foos: converged {took:?} after the restart");
+    let took = converged(&ns, "after the crashes").await;
+    println!("operator killed during the convergence of {MANY} Foos: converged {took:?} after the restart");
     assert!(took < CONVERGENCE_BOUND, "converging took {took:?} (CHAOS_SEED={seed})");
 }
 
