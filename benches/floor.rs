@@ -5,18 +5,25 @@
 //! on the same control plane, both timed from the API server's audit log.
 //!
 //!   cargo bench --bench floor -- <namespace> <concurrency>
+//!
+//! With `FLOOR_WATCHES=1` it also holds the two watches the controller holds
+//! (the namespace's Foos, and the Deployments labelled as the controller's),
+//! from its list on, reading their bytes and decoding none: the floor of a
+//! client that must watch, which tells what serving the watches costs the
+//! API server apart from what the controller does with them.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use kube::{Api, ResourceExt};
+use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchParams};
+use kube::{Api, Client, Resource, ResourceExt};
 use sample_controller::Foo;
 use sample_controller::decision::decide;
-use sample_controller::deployment::desired_deployment;
+use sample_controller::deployment::{desired_deployment, managed_selector};
 use sample_controller::shard::UNSHARDED;
 
 mod support;
@@ -35,7 +42,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let deployments = Api::namespaced(client.clone(), &namespace);
 
     let started = Instant::now();
-    let all = foos.list(&ListParams::default()).await?.items;
+    let list = foos.list(&ListParams::default()).await?;
+    if std::env::var_os("FLOOR_WATCHES").is_some_and(|v| v == "1") {
+        let from = list.metadata.resource_version.clone().unwrap_or_default();
+        let everything = WatchParams::default();
+        hold_watch(&client, Foo::url_path(&(), Some(&namespace)), &everything, &from).await?;
+        let ours = WatchParams::default().labels(&managed_selector());
+        hold_watch(&client, Deployment::url_path(&(), Some(&namespace)), &ours, &from).await?;
+    }
+    let all = list.items;
     let count = all.len();
     let foos = Arc::new(foos);
     futures::stream::iter(all)
@@ -52,13 +67,33 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
+/// Opens a watch of `path` from resourceVersion `from` and reads it in the
+/// background until the server ends it, decoding nothing.
+async fn hold_watch(
+    client: &Client,
+    path: String,
+    params: &WatchParams,
+    from: &str,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let request = kube::core::Request::new(path).watch(params, from)?;
+    let stream = client.request_stream(request).await?;
+    tokio::spawn(async move {
+        use futures::AsyncBufReadExt;
+        let mut stream = std::pin::pin!(stream);
+        while let Ok(read) = stream.as_mut().fill_buf().await {
+            let n = read.len();
+            if n == 0 {
+                break;
+            }
+            stream.as_mut().consume_unpin(n);
+        }
+    });
+    Ok(())
+}
+
 /// The two writes: the Deployment the controller would create, and the
 /// status it would write with it.
-async fn converge(
-    foos: &Api<Foo>,
-    deployments: &Api<k8s_openapi::api::apps::v1::Deployment>,
-    foo: &Foo,
-) -> kube::Result<()> {
+async fn converge(foos: &Api<Foo>, deployments: &Api<Deployment>, foo: &Foo) -> kube::Result<()> {
     let plan = decide(foo, None, &[], UNSHARDED, &Time(Timestamp::now()));
     let desired = desired_deployment(foo, UNSHARDED).expect("a valid Foo");
     let pp = PostParams { field_manager: Some("sample-controller-floor".into()), ..PostParams::default() };

@@ -11,8 +11,10 @@
 #  1. the floor: a client making only the required writes (a Deployment
 #     create and a status write per Foo) for N Foos, at 16 and at the
 #     controller's concurrency, best of RUNS runs;
-#  2. in turns with the latter (who goes first alternating from round to
-#     round), N Foos created, then the controller started
+#  2. in turns with the latter and with the floor holding the controller's
+#     two watches (WATCHING=1; 0 skips it: what serving them costs, apart
+#     from what the controller does with them), who goes first alternating
+#     from round to round, N Foos created, then the controller started
 #     (release build): time to converge, best of RUNS runs, and each
 #     round's ratio to the floor's run with their median; of the last, its
 #     requests by verb and resource and its memory. Each run's namespace is
@@ -51,6 +53,7 @@ WORKERS="${WORKERS:-}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 RUNS="${RUNS:-2}"
 SHARDS="${SHARDS:-3}" # label shards for step 7; 0 or 1: none
+WATCHING="${WATCHING:-1}" # the floor holding the controller's watches in step 2; 0: none
 SVG="${SVG:-docs/bench-convergence$( ((N > 10000)) && echo "-$N" || { ((SCALE)) && echo -scale; } || true).svg}"
 FLOOR_UA="sample-controller-floor/"
 # The build measured: the newest commit that changed what runs (the code,
@@ -82,14 +85,15 @@ record() { # what seconds
   last[$1]=$2
   best[$1]=$(least "$2" ${best[$1]:+"${best[$1]}"})
 }
-floor_run() { # concurrency run
-  local ns="floor-$1-$2" t0 t1
-  log "floor: $N Foos at concurrency $1 (run $2 of $RUNS)"
+floor_run() { # concurrency run [watches: holding the controller's two watches]
+  local name="${3:+w}floor-$1" t0 t1
+  local ns="$name-$2"
+  log "floor${3:+ holding the watches}: $N Foos at concurrency $1 (run $2 of $RUNS)"
   create_foos "$ns" "$N"
   settle
-  cargo bench --locked --quiet --bench floor -- "$ns" "$1" >&2
+  FLOOR_WATCHES=$([[ -n "${3:-}" ]] && echo 1 || echo 0) cargo bench --locked --quiet --bench floor -- "$ns" "$1" >&2
   read -r t0 t1 < <(audit wait-converged "$FLOOR_UA" "$ns" "$N" 1800)
-  record "floor-$1" "$(elapsed "$t0" "$t1")"
+  record "$name" "$(elapsed "$t0" "$t1")"
   audit curve "$FLOOR_UA" "$ns" > ".local/bench-curve-$ns.txt"
   clear_run "$ns"
 }
@@ -155,20 +159,23 @@ ratio() { calc %.2f "$1 / $2"; }
 # from the benchmark, in either order and without shards, 0.92x, 1.11x and
 # 0.95x (2026-11-24). The last round ends with ours, whose controller
 # stays up for the steps after.
-in_turns=() shards_in_turns=()
+in_turns=() shards_in_turns=() watching_in_turns=()
 for run in $(seq 1 "$RUNS"); do
   if (( (RUNS - run) % 2 )); then
     controller_run "$run"
     stop_controller
     clear_run "$ns"
     (( SHARDS > 1 )) && shard_run "$run"
+    (( WATCHING )) && floor_run "$WORKERS_USED" "$run" watches
     floor_run "$WORKERS_USED" "$run"
   else
     floor_run "$WORKERS_USED" "$run"
+    (( WATCHING )) && floor_run "$WORKERS_USED" "$run" watches
     (( SHARDS > 1 )) && shard_run "$run"
     controller_run "$run"
   fi
   in_turns+=("$(ratio "${last[ours]}" "${last[floor-$WORKERS_USED]}")")
+  (( WATCHING )) && watching_in_turns+=("$(ratio "${last[ours]}" "${last[wfloor-$WORKERS_USED]}")")
   (( SHARDS > 1 )) && shards_in_turns+=("$(ratio "${last[shards]}" "${last[ours]}")")
   (( run == RUNS )) && break
   if [[ -n "$pid" ]]; then
@@ -255,8 +262,11 @@ peak=$(hwm "$pid")
 stop_controller
 
 curves() { local prefix=$1 run files=(); for run in $(seq 1 "$RUNS"); do files+=(".local/bench-curve-$prefix-$run.txt"); done; (IFS=,; echo "${files[*]}"); }
+watching_curve=()
+(( WATCHING )) && watching_curve=("floor with the watches=$(curves "wfloor-$WORKERS_USED")")
 python3 hack/audit.py svg "$SVG" "$N Foos converging, --workers $WORKERS_USED (best of $RUNS runs each)" \
-  "sample-controller=$(curves bench)" "floor at concurrency $WORKERS_USED=$(curves "floor-$WORKERS_USED")"
+  "sample-controller=$(curves bench)" "floor at concurrency $WORKERS_USED=$(curves "floor-$WORKERS_USED")" \
+  "${watching_curve[@]}"
 
 per_foo() { calc %.2f "$1 / $2"; }
 rounds() { (IFS=,; echo "${*}" | sed 's/,/, /g'); }
@@ -272,6 +282,12 @@ for c in "${concurrencies[@]}"; do
 done
 printf '%-58s %s\n' "ours / the floor at $WORKERS_USED, round by round (in turns)" \
   "$(rounds "${in_turns[@]}")  (median $(median "${in_turns[@]}")x)"
+if (( WATCHING )); then
+  printf '%-58s %s\n' "the floor at $WORKERS_USED holding the controller's two watches" \
+    "${best[wfloor-$WORKERS_USED]}s  (ours: $(ratio "$ours" "${best[wfloor-$WORKERS_USED]}")x; runs: ${runs[wfloor-$WORKERS_USED]})"
+  printf '%-58s %s\n' "ours / the floor holding the watches, round by round" \
+    "$(rounds "${watching_in_turns[@]}")  (median $(median "${watching_in_turns[@]}")x)"
+fi
 # With the Deployment controller and kwok, each Foo's status changes once
 # more after creation: its pod becomes available (a status write, an event).
 budget=$( ((SCALE)) && echo "3: create, status, event" || echo "3 for the new Foo + 2 when its pod becomes available")
