@@ -19,7 +19,8 @@
 #     round's ratio to the floor's run with their median; of the last, its
 #     requests by verb and resource and its memory. Each run's namespace is
 #     deleted before the next run;
-#  3. a steady window once the controller-manager has stopped writing;
+#  3. a steady window once the controller-manager has stopped writing: its
+#     requests, and how many were watches re-opened;
 #  4. EDITS spec.replicas edits, one at a time, timed from a watch;
 #  5. a standby starting beside it, its caches filled by paged and by
 #     streaming lists: its peak memory and its memory at rest;
@@ -30,8 +31,9 @@
 #     (best of RUNS runs, and each round's ratio to one operator's run with
 #     their median): time to converge, and each one's memory after the
 #     last run.
-# It also draws the Foos converged over time, ours and the floor's at the
-# same concurrency (the best run of each), into SVG (default
+# It also draws the Foos converged over time, ours, the floor's at the
+# same concurrency and the floor's holding the watches (the best run of
+# each), into SVG (default
 # docs/bench-convergence.svg; in scale mode docs/bench-convergence-scale.svg,
 # and past 10 000 Foos docs/bench-convergence-<N>.svg). The summary is kept
 # in .local/ by N and build, and the runs of the same build at other N are
