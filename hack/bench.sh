@@ -93,7 +93,7 @@ floor_run() { # concurrency run [watches: holding the controller's two watches]
   log "floor${3:+ holding the watches}: $N Foos at concurrency $1 (run $2 of $RUNS)"
   create_foos "$ns" "$N"
   settle
-  FLOOR_WATCHES=$([[ -n "${3:-}" ]] && echo 1 || echo 0) cargo bench --locked --quiet --bench floor -- "$ns" "$1" >&2
+  FLOOR_WATCHES="${3:+1}" cargo bench --locked --quiet --bench floor -- "$ns" "$1" >&2
   read -r t0 t1 < <(audit wait-converged "$FLOOR_UA" "$ns" "$N" 1800)
   record "$name" "$(elapsed "$t0" "$t1")"
   audit curve "$FLOOR_UA" "$ns" > ".local/bench-curve-$ns.txt"
