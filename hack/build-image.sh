@@ -42,7 +42,7 @@ log "building the release binary for $host (image platform linux/$ARCH), glibc l
 # and the output apart from the usual target/release.
 RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --release --locked --quiet --target "$host" --bin sample-controller >&2
-binary="$REPO_ROOT/target/$host/release/sample-controller"
+binary="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/$host/release/sample-controller"
 if readelf -d "$binary" | grep -q NEEDED; then
   die "$binary is dynamically linked; it cannot run in a FROM-scratch image"
 fi

