@@ -219,7 +219,6 @@ fn series_key(ev: &EventSpec, regarding: &ObjectReference) -> u64 {
     h.finish()
 }
 
-/// Recorders `R` by generation, and which one holds each live series.
 /// One Recorder and what it has done.
 struct Generation<R> {
     id: u64,
@@ -230,6 +229,7 @@ struct Generation<R> {
     newest: Instant,
 }
 
+/// Recorders `R` by generation, and which one holds each live series.
 struct Generations<R> {
     /// Oldest first.
     alive: VecDeque<Generation<R>>,

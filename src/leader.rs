@@ -208,12 +208,12 @@ impl Elector {
         }
     }
 
-    /// The fence this elector keeps up to date while it leads.
     /// The name of the Lease contended for.
     pub fn lease_name(&self) -> &str {
         &self.cfg.lease_name
     }
 
+    /// The fence this elector keeps up to date while it leads.
     pub fn fence(&self) -> Arc<Fence> {
         self.fence.clone()
     }

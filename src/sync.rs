@@ -144,63 +144,115 @@ impl Target {
     }
 }
 
-/// Read the caches, decide, act. An in-sync Foo makes no request.
+/// One sync, in the order of upstream's `syncHandler`: read the Foo, get or
+/// create its Deployment (refusing one the Foo does not control), match its
+/// replicas, write the Foo's status, record the Event. [`decide`] makes
+/// every choice; this makes the writes. An in-sync Foo makes no request.
 async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
-    // If the cache has not yet seen our last status write, use what it returned.
+    // The Foo: the cache's copy, or what the API server returned to our
+    // last status write if the cache has not seen it yet.
     let foo = ctx.caches.foos.latest(foo);
     let target = Target::of(&foo)?;
+    // Upstream's Deployments are labelled (adopted) before any sync acts.
     ctx.adoption.finished().await;
-    let name = &foo.spec.deployment_name;
-    let current = (!name.is_empty())
-        .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
-        .flatten();
-    let owned = foo.uid().map(|uid| ctx.caches.deployments.controlled_by(&uid)).unwrap_or_default();
-    let now = Time(Timestamp::now());
-    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &target.namespace);
-    let followed = ctx.caches.shard.follow_cached(foo.metadata.labels.as_ref());
-
-    let mut plan = decide(&foo, current.as_deref(), &owned, &followed, &now);
+    let observed = Observed::from_caches(&foo, &target, ctx);
+    let plan = decide(&foo, observed.current.as_deref(), &observed.owned, &observed.followed, &observed.now);
     log_plan(&target, &plan);
-    if write_deployment(&target, &deployments, &plan.deployment, current.as_deref(), ctx).await?
-        == DeploymentWrite::NameTaken
-    {
-        // Not in our cache, yet there: someone else's (without our label),
-        // or ours before the watch reported it. Read it once, decide again.
-        let existing = deployments
-            .get_opt(name)
-            .await
-            .map_err(target.api_error(ApiAction::GetDeployment))?
-            .map(DeploymentView::from);
-        if existing.as_ref().is_some_and(|d| is_controlled_by(d, &foo) && !d.relabelling(&followed).is_empty())
-            && moved_since_cached(&foo, &followed, &target, ctx).await?
-        {
-            // Our copy of the Foo is older than the shard labels its
-            // Deployment carries: the Foo left this shard (its new shard
-            // relabelled the Deployment), and our watch is about to say so.
-            // Moving the Deployment back would undo the new shard's work.
-            return Ok(Action::requeue(BACKOFF_BASE));
-        }
-        plan = decide(&foo, existing.as_ref(), &owned, &followed, &now);
-        log_plan(&target, &plan);
-        if write_deployment(&target, &deployments, &plan.deployment, existing.as_ref(), ctx).await?
-            != DeploymentWrite::Done
-        {
-            // Deleted again in between: start over.
-            return Ok(Action::requeue(BACKOFF_BASE));
+    let Some(plan) = get_or_create_deployment(&foo, &target, &observed, plan, ctx).await? else {
+        return Ok(Action::requeue(BACKOFF_BASE));
+    };
+    delete_stale(&target, &observed.deployments, &plan, &observed.owned, ctx).await?;
+    write_status(&target, &foo, &plan, ctx).await?;
+    record_events(&foo, &plan, ctx);
+    finish(target, plan.outcome)
+}
+
+/// What a sync reads, all of it from the caches (upstream's listers), and the
+/// Deployments' API its writes go to.
+struct Observed {
+    /// The Deployment the Foo names, if the cache has it.
+    current: Option<Arc<DeploymentView>>,
+    /// The Deployments the Foo controls, by ownerReference.
+    owned: Vec<Arc<DeploymentView>>,
+    /// The shard labels the Foo's Deployment must carry.
+    followed: FollowedLabels,
+    now: Time,
+    deployments: Api<Deployment>,
+}
+
+impl Observed {
+    fn from_caches(foo: &Foo, target: &Target, ctx: &Context) -> Self {
+        let name = &foo.spec.deployment_name;
+        let current = (!name.is_empty())
+            .then(|| ctx.caches.deployments.get(&ObjectRef::new(name).within(&target.namespace)))
+            .flatten();
+        Observed {
+            current,
+            owned: foo.uid().map(|uid| ctx.caches.deployments.controlled_by(&uid)).unwrap_or_default(),
+            followed: ctx.caches.shard.follow_cached(foo.metadata.labels.as_ref()),
+            now: Time(Timestamp::now()),
+            deployments: Api::namespaced(ctx.client.clone(), &target.namespace),
         }
     }
-    delete_stale(&target, &deployments, &plan, &owned, ctx).await?;
-    write_status(&target, &foo, &plan, ctx).await?;
+}
+
+/// The plan's write to the Deployment the Foo names. A create that finds
+/// the name taken by a Deployment the cache lacks (someone else's, without
+/// our label, or ours before the watch reported it) reads it once and
+/// decides again, as upstream's lister miss does. Returns the plan the rest
+/// of the sync carries out, or `None` to start over after a short wait.
+async fn get_or_create_deployment(
+    foo: &Foo,
+    target: &Target,
+    observed: &Observed,
+    plan: Plan,
+    ctx: &Context,
+) -> Result<Option<Plan>> {
+    let api = &observed.deployments;
+    if write_deployment(target, api, &plan.deployment, observed.current.as_deref(), ctx).await?
+        == DeploymentWrite::Done
+    {
+        return Ok(Some(plan));
+    }
+    let existing = api
+        .get_opt(&foo.spec.deployment_name)
+        .await
+        .map_err(target.api_error(ApiAction::GetDeployment))?
+        .map(DeploymentView::from);
+    let followed = &observed.followed;
+    if existing.as_ref().is_some_and(|d| is_controlled_by(d, foo) && !d.relabelling(followed).is_empty())
+        && moved_since_cached(foo, followed, target, ctx).await?
+    {
+        // Our copy of the Foo is older than the shard labels its
+        // Deployment carries: the Foo left this shard (its new shard
+        // relabelled the Deployment), and our watch is about to say so.
+        // Moving the Deployment back would undo the new shard's work.
+        return Ok(None);
+    }
+    let plan = decide(foo, existing.as_ref(), &observed.owned, followed, &observed.now);
+    log_plan(target, &plan);
+    match write_deployment(target, api, &plan.deployment, existing.as_ref(), ctx).await? {
+        DeploymentWrite::Done => Ok(Some(plan)),
+        // Deleted again in between: start over.
+        DeploymentWrite::NameTaken => Ok(None),
+    }
+}
+
+/// Queue the plan's Events; a background task sends them (events.rs).
+fn record_events(foo: &Foo, plan: &Plan, ctx: &Context) {
     for ev in &plan.events {
         ctx.events.publish(ev.clone(), foo.object_ref(&()));
     }
+}
 
-    match plan.outcome {
+/// How the sync ends: done until the next change, retried with backoff, or
+/// (an invalid spec) not retried, since only an edit can help.
+fn finish(target: Target, outcome: Outcome) -> Result<Action> {
+    match outcome {
         Outcome::Synced => Ok(Action::await_change()),
         Outcome::ResourceExists { deployment } => Err(Error::ResourceExists { foo: target.key, deployment }),
         Outcome::InvalidSpec => {
             warn!(foo = %target.key, "{MESSAGE_EMPTY_DEPLOYMENT_NAME}");
-            // Retrying cannot help; the next edit of the Foo triggers a sync.
             Ok(Action::await_change())
         }
     }
