@@ -89,3 +89,56 @@ async fn the_demo_on_a_users_cluster_stays_in_its_own_namespace() {
 fn written_by_us<K: ResourceExt>(obj: &K) -> bool {
     obj.meta().managed_fields.iter().flatten().any(|m| m.manager.as_deref() == Some(FIELD_MANAGER))
 }
+
+/// A demo that cannot converge says so: a Deployment `example-foo` that no
+/// Foo controls holds the example's name in the demo's namespace, so the
+/// controller refuses to touch it (`ErrResourceExists`) and the Foo never
+/// has a pod. The demo exits non-zero, naming the wait that ran out, with
+/// the controller's log, which says why.
+#[tokio::test]
+async fn the_demo_fails_with_the_controllers_log_when_its_foo_does_not_converge() {
+    let _lease = FreshLease::new();
+    let demo_ns = TestNamespace::new("demo-stuck").await;
+    let theirs: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "example-foo" },
+        "spec": {
+            "selector": { "matchLabels": { "app": "theirs" } },
+            "template": {
+                "metadata": { "labels": { "app": "theirs" } },
+                "spec": { "containers": [{ "name": "web", "image": "nginx:latest" }] }
+            }
+        }
+    }))
+    .unwrap();
+    demo_ns.api::<Deployment>().create(&PostParams::default(), &theirs).await.unwrap();
+
+    let out = Command::new("hack/demo.sh")
+        .env("KUBECONFIG", kubeconfig_path())
+        .env("DEMO_NAMESPACE", &demo_ns.name)
+        .env("DEMO_TIMEOUT", "10")
+        .env_remove("KEEP")
+        .output()
+        .expect("run hack/demo.sh");
+    let err = stderr(&out);
+    assert!(!out.status.success(), "the demo succeeded without its Foo converging:\n{err}");
+    assert!(err.contains("the Foo did not converge: status.availableReplicas 1 within 10s"), "{err}");
+    assert!(err.contains("the controller's log"), "{err}");
+    assert!(err.contains("sync refused"), "the controller's log tail does not say why:\n{err}");
+}
+
+/// A kubeconfig naming a cluster that does not answer is not "no cluster":
+/// the demo says which context did not answer, and does not start a local
+/// control plane in its place.
+#[tokio::test]
+async fn the_demo_says_when_the_configured_cluster_does_not_answer() {
+    let unreachable = kubeconfig_variant("demo-unreachable", |kubeconfig| {
+        for cluster in kubeconfig["clusters"].as_array_mut().unwrap() {
+            cluster["cluster"]["server"] = "https://127.0.0.1:9".into();
+        }
+    });
+    let out = Command::new("hack/demo.sh").env("KUBECONFIG", &unreachable).env_remove("KEEP").output().unwrap();
+    let err = stderr(&out);
+    assert!(!out.status.success(), "the demo succeeded against a cluster that does not answer:\n{err}");
+    assert!(err.contains("did not answer within 5 s"), "{err}");
+    assert!(!err.contains("starting the local control plane"), "{err}");
+}
