@@ -236,3 +236,25 @@ async fn kubectl_explains_the_rejection() {
     assert!(stderr.contains("The Foo \"bad\" is invalid"), "{stderr}");
     assert!(stderr.contains("must be a valid Deployment name"), "{stderr}");
 }
+
+/// `cargo run --bin crdgen > crd.yaml`, as the README has users make the
+/// CRD: what it prints is `crds/` byte for byte, and the API server takes it
+/// as the CRD installed from `crds/` — applied over it (a server-side dry
+/// run: the schema compiled, the CEL rules checked), nothing would change,
+/// not even the CRD's generation.
+#[tokio::test]
+async fn crdgen_prints_the_crd_of_crds_and_the_api_server_takes_it_unchanged() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_crdgen")).output().expect("run crdgen");
+    assert!(out.status.success(), "crdgen failed: {}", String::from_utf8_lossy(&out.stderr));
+    let printed = String::from_utf8(out.stdout).expect("crdgen prints UTF-8");
+    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/samplecontroller.k8s.io_foos.yaml"))
+        .expect("read crds/");
+    assert_eq!(printed, shipped, "crds/ is not crdgen's output: run hack/update-crds.sh");
+
+    let path = format!("{}/crdgen-crd.yaml", env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(&path, &printed).unwrap();
+    let generation = ["-o", "jsonpath={.metadata.generation}"];
+    let installed = kubectl_ok(&[&["get", "crd", "foos.samplecontroller.k8s.io"][..], &generation].concat());
+    let applied = kubectl_ok(&[&["apply", "--dry-run=server", "-f", &path][..], &generation].concat());
+    assert_eq!(applied, installed, "crdgen's CRD, applied over the installed one, would change it");
+}
