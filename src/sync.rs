@@ -209,8 +209,7 @@ async fn get_or_create_deployment(
     ctx: &Context,
 ) -> Result<Option<Plan>> {
     let api = &observed.deployments;
-    if write_deployment(target, api, &plan.deployment, observed.current.as_deref(), ctx).await?
-        == DeploymentWrite::Done
+    if write_deployment(target, api, &plan.deployment, observed.current.as_deref(), ctx).await? == DeploymentWrite::Done
     {
         return Ok(Some(plan));
     }

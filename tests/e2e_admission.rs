@@ -247,8 +247,9 @@ async fn crdgen_prints_the_crd_of_crds_and_the_api_server_takes_it_unchanged() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_crdgen")).output().expect("run crdgen");
     assert!(out.status.success(), "crdgen failed: {}", String::from_utf8_lossy(&out.stderr));
     let printed = String::from_utf8(out.stdout).expect("crdgen prints UTF-8");
-    let shipped = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/samplecontroller.k8s.io_foos.yaml"))
-        .expect("read crds/");
+    let shipped =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/crds/samplecontroller.k8s.io_foos.yaml"))
+            .expect("read crds/");
     assert_eq!(printed, shipped, "crds/ is not crdgen's output: run hack/update-crds.sh");
 
     let path = format!("{}/crdgen-crd.yaml", env!("CARGO_TARGET_TMPDIR"));
