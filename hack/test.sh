@@ -64,7 +64,7 @@ children_cpu() {
 }
 step="" step_start=0 step_cpu=0 timings=""
 timing() { # name wall cpu [note]
-  timings+=$(printf '  %-66s %5ss wall %6ss CPU%s' "$1" "$2" "$3" "${4:-}")$'\n'
+  timings+=$(printf '  %-76s %5ss wall %6ss CPU%s' "$1" "$2" "$3" "${4:-}")$'\n'
 }
 end_step() {
   [[ -n "$step" ]] || return 0

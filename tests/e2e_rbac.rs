@@ -153,7 +153,7 @@ async fn operator_pods_are_admitted_where_pod_security_restricted_is_enforced() 
 async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it_is_granted() {
     installed();
     // One replica without --leader-elect, as a user runs it with deploy/
-    // (README, "One replica"): without the leader fence's binding, for the
+    // (docs/install.md, "One replica"): without the leader fence's binding, for the
     // fence refuses the writes of a replica that does not hold the Lease.
     // The fence's own test sorts, and so runs, before this one: applied
     // again, the API server's view of the Lease can stay frozen (a
