@@ -40,7 +40,9 @@ host="$(rustc -vV | sed -n 's/^host: //p')"
 log "building the release binary for $host (image platform linux/$ARCH), glibc linked statically"
 # --target keeps these flags off the host's build scripts and proc macros,
 # and the output apart from the usual target/release.
-RUSTFLAGS="-C target-feature=+crt-static" \
+# The commit goes into the binary too: sample_controller_build_info's
+# revision label (src/constants.rs).
+SAMPLE_CONTROLLER_REVISION="$REVISION" RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --release --locked --quiet --target "$host" --bin sample-controller >&2
 binary="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/$host/release/sample-controller"
 if readelf -d "$binary" | grep -q NEEDED; then

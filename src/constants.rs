@@ -16,6 +16,15 @@ pub const FIELD_MANAGER: &str = "sample-controller";
 pub const USER_AGENT: &str = concat!("sample-controller/", env!("CARGO_PKG_VERSION"));
 
 /// `reportingController` of emitted Events.
+/// The commit this binary was built from: hack/build-image.sh sets
+/// `SAMPLE_CONTROLLER_REVISION` for the image's build (the commit, with
+/// `-modified` when the tree differed from it); any other build says
+/// `unknown`. The `revision` label of `sample_controller_build_info`.
+pub const REVISION: &str = match option_env!("SAMPLE_CONTROLLER_REVISION") {
+    Some(revision) => revision,
+    None => "unknown",
+};
+
 pub const CONTROLLER_NAME: &str = "sample-controller";
 
 /// Name used for the controller in metrics labels (`controller="foo"`), as

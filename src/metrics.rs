@@ -5,7 +5,9 @@
 //! `controller_runtime_reconcile_time_seconds{controller}`,
 //! `controller_runtime_active_workers{controller}`,
 //! `controller_runtime_max_concurrent_reconciles{controller}`, and
-//! client-go's leader gauge `leader_election_master_status{name}`.
+//! client-go's leader gauge `leader_election_master_status{name}`, and
+//! `sample_controller_build_info{version,revision}` (always 1), which says
+//! what runs.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -19,7 +21,7 @@ use prometheus_client::registry::Registry;
 
 use kube::runtime::controller::Action;
 
-use crate::constants::METRICS_CONTROLLER_LABEL;
+use crate::constants::{METRICS_CONTROLLER_LABEL, REVISION};
 use crate::workqueue::QueueMetrics;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -31,6 +33,12 @@ struct ControllerLabels {
 struct ResultLabels {
     controller: String,
     result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct BuildLabels {
+    version: String,
+    revision: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -69,6 +77,7 @@ pub struct Metrics {
     active_workers: Family<ControllerLabels, Gauge>,
     max_workers: Family<ControllerLabels, Gauge>,
     leader: Family<LeaseLabels, Gauge>,
+    build_info: Family<BuildLabels, Gauge>,
     /// The reconcile queue, as client-go's workqueue metrics.
     pub queue: Arc<QueueMetrics>,
     /// Every API request, by code, method and host.
@@ -91,6 +100,7 @@ impl Metrics {
             active_workers: Family::default(),
             max_workers: Family::default(),
             leader: Family::default(),
+            build_info: Family::default(),
             queue: Arc::default(),
             rest_requests: Family::default(),
         };
@@ -132,6 +142,11 @@ impl Metrics {
             self.leader.clone(),
         );
         r.register(
+            "sample_controller_build_info",
+            "A metric with a constant '1' value labeled by the version and the commit the binary was built from",
+            self.build_info.clone(),
+        );
+        r.register(
             "rest_client_requests",
             "Number of HTTP requests, partitioned by status code, method, and host.",
             self.rest_requests.clone(),
@@ -150,6 +165,8 @@ impl Metrics {
         let _ = self.reconcile_errors.get_or_create(&controller_labels());
         let _ = self.active_workers.get_or_create(&controller_labels());
         let _ = self.reconcile_time.get_or_create(&controller_labels());
+        let build = BuildLabels { version: env!("CARGO_PKG_VERSION").into(), revision: REVISION.into() };
+        self.build_info.get_or_create(&build).set(1);
         self
     }
 
@@ -262,5 +279,15 @@ mod tests {
         assert_eq!(value(&m, r#"controller_runtime_active_workers{controller="foo"}"#), 0.0);
         m.set_leader("sample-controller", true);
         assert_eq!(value(&m, r#"leader_election_master_status{name="sample-controller"}"#), 1.0);
+    }
+
+    #[test]
+    fn build_info_says_which_version_and_commit_runs() {
+        let m = Metrics::new();
+        let series = format!(
+            r#"sample_controller_build_info{{version="{}",revision="{REVISION}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(value(&m, &series), 1.0);
     }
 }
