@@ -4,8 +4,8 @@
 #
 #   hack/background.sh DIR ITEM NICENESS COMMAND...
 #
-# writes DIR/ITEM.pid (its process group, which hack/test.sh kills if the run
-# ends first) at once, the command's stdout to DIR/ITEM.out and its stderr to
+# writes DIR/ITEM.pid at once (its process id; a process group hack/test.sh
+# kills if the run ends first, when started with `setsid -f`), the command's stdout to DIR/ITEM.out and its stderr to
 # DIR/ITEM.log, and, when it ends, DIR/ITEM.done: "<exit code> <wall seconds>
 # <CPU seconds>". hack/test.sh starts it with `setsid -f`, so it is not the
 # test command's child and its CPU time is counted here, not in a step's.

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The demo: Foo → Deployment, end to end. With a reachable cluster
-# (KUBECONFIG or ~/.kube/config) it uses that; otherwise it brings up the
-# local control plane (building it on first use). Then it installs crds/,
+# The demo: Foo → Deployment, end to end. With a cluster configured
+# (KUBECONFIG or ~/.kube/config has a current context) it uses that, and
+# stops if it does not answer; with none it brings up the local control
+# plane (building it on first use). KUBECONFIG=/dev/null forces the latter. Then it installs crds/,
 # runs the controller over a namespace of its own (DEMO_NAMESPACE, default
 # sample-controller-demo), applies artifacts/examples/example-foo.yaml there
 # and shows the Foo, its Deployment and its events. KEEP=1 leaves everything

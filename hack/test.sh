@@ -17,7 +17,7 @@
 #   minor's suites start as soon as its plane is there, while the rest still
 #   builds at a lower CPU priority;
 # - the image's release build runs in the background at the lowest priority
-#   once the unit tests have passed, and the image and install tests
+#   once the unit tests have run, and the image and install tests
 #   (tests/e2e_image.rs) run last on each minor's plane, the planes kept up
 #   for them.
 # Integration tests never skip: if a control plane cannot be had, this fails
@@ -91,7 +91,8 @@ summary() {
   end_step
   for dir in "${planes_up[@]}"; do LOCAL_UP_DIR=$dir hack/local-down.sh || true; done
   for pidfile in "$background/planes.pid" "$background/image.pid"; do
-    [[ -f "$pidfile" ]] && kill -- "-$(cat "$pidfile")" 2>/dev/null
+    # Ended already, after a normal run.
+    [[ -f "$pidfile" ]] && kill -- "-$(cat "$pidfile")" 2>/dev/null || true
   done
   background_timings
   rm -rf "$background"
@@ -162,7 +163,7 @@ use_plane() { # minor
 
 detach hack/build-planes.sh "$background" "${minors[@]}"
 
-begin "tools: cargo-nextest, hadolint, promtool, skopeo"
+begin "tools: cargo-nextest, promtool, skopeo"
 hack/install-nextest.sh
 need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
 need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"

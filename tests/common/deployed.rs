@@ -26,7 +26,7 @@ pub const DEPLOY_LEASE: &str = "sample-controller";
 /// know it.
 pub const DEPLOY_USER: &str = "system:serviceaccount:sample-controller:sample-controller";
 /// The leader fence's binding: what a user without --leader-elect deletes
-/// (README). No test on a plane may need the fence after one deleted it:
+/// (docs/install.md). No test on a plane may need the fence after one deleted it:
 /// applied again, the API server's view of the Lease can stay frozen
 /// (docs/design.md, "The leader fence").
 pub const FENCE_BINDING: &str = "deploy/12-leader-fence-binding.yaml";
