@@ -112,7 +112,8 @@ summary() {
 }
 trap summary EXIT
 
-junit="${CARGO_TARGET_DIR:-target}/nextest/default/junit.xml"
+# Under the workspace whatever CARGO_TARGET_DIR says (nextest's store.dir).
+junit="target/nextest/default/junit.xml"
 run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit report to the totals
   local rc=0 tests failures errors
   rm -f "$junit"
