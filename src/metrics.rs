@@ -284,10 +284,8 @@ mod tests {
     #[test]
     fn build_info_says_which_version_and_commit_runs() {
         let m = Metrics::new();
-        let series = format!(
-            r#"sample_controller_build_info{{version="{}",revision="{REVISION}"}}"#,
-            env!("CARGO_PKG_VERSION")
-        );
+        let series =
+            format!(r#"sample_controller_build_info{{version="{}",revision="{REVISION}"}}"#, env!("CARGO_PKG_VERSION"));
         assert_eq!(value(&m, &series), 1.0);
     }
 }
