@@ -18,9 +18,16 @@ use sample_controller::shard::UNSHARDED;
 
 /// The demo, on the plane as a user's cluster, in namespace `ns`.
 fn demo(ns: &str) -> Output {
+    demo_with(&kubeconfig_path(), ns, &[])
+}
+
+/// The demo against the cluster of `kubeconfig`, in namespace `ns`, with
+/// more of its variables set.
+fn demo_with(kubeconfig: &str, ns: &str, vars: &[(&str, &str)]) -> Output {
     Command::new("hack/demo.sh")
-        .env("KUBECONFIG", kubeconfig_path())
+        .env("KUBECONFIG", kubeconfig)
         .env("DEMO_NAMESPACE", ns)
+        .envs(vars.iter().copied())
         .env_remove("KEEP")
         .output()
         .expect("run hack/demo.sh")
@@ -112,13 +119,7 @@ async fn the_demo_fails_with_the_controllers_log_when_its_foo_does_not_converge(
     .unwrap();
     demo_ns.api::<Deployment>().create(&PostParams::default(), &theirs).await.unwrap();
 
-    let out = Command::new("hack/demo.sh")
-        .env("KUBECONFIG", kubeconfig_path())
-        .env("DEMO_NAMESPACE", &demo_ns.name)
-        .env("DEMO_TIMEOUT", "10")
-        .env_remove("KEEP")
-        .output()
-        .expect("run hack/demo.sh");
+    let out = demo_with(&kubeconfig_path(), &demo_ns.name, &[("DEMO_TIMEOUT", "10")]);
     let err = stderr(&out);
     assert!(!out.status.success(), "the demo succeeded without its Foo converging:\n{err}");
     assert!(err.contains("the Foo did not converge: status.availableReplicas 1 within 10s"), "{err}");
@@ -136,7 +137,7 @@ async fn the_demo_says_when_the_configured_cluster_does_not_answer() {
             cluster["cluster"]["server"] = "https://127.0.0.1:9".into();
         }
     });
-    let out = Command::new("hack/demo.sh").env("KUBECONFIG", &unreachable).env_remove("KEEP").output().unwrap();
+    let out = demo_with(&unreachable, "demo-unreachable", &[]);
     let err = stderr(&out);
     assert!(!out.status.success(), "the demo succeeded against a cluster that does not answer:\n{err}");
     assert!(err.contains("did not answer within 5 s"), "{err}");
