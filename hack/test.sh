@@ -17,7 +17,8 @@
 #   minor's suites start as soon as its plane is there, while the rest still
 #   builds at a lower CPU priority;
 # - the image's release build runs in the background at the lowest priority
-#   once the unit tests have run, and the image and install tests
+#   once the planes are built (the last minor's suites need its plane
+#   before the image tests need the image), and the image and install tests
 #   (tests/e2e_image.rs) run last on each minor's plane, the planes kept up
 #   for them.
 # Integration tests never skip: if a control plane cannot be had, this fails
@@ -42,6 +43,16 @@ read -r -a minors <<<"$KUBE_MINORS"
 # compilation's records would cost time and be read by no one.
 if [[ -n "${CI:-}" ]]; then
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_ROOT/target}" CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
+  # Cargo names this crate's artifacts the same from any clone, and judges
+  # them fresh by the source files of the clone that built them: a build
+  # left by another clone that still exists would be taken for this one's.
+  # Its artifacts go when the clone changes (the dependencies stay).
+  mkdir -p "$CARGO_TARGET_DIR"
+  if [[ "$(cat "$CARGO_TARGET_DIR/.workspace" 2>/dev/null)" != "$REPO_ROOT" ]]; then
+    cargo clean --quiet -p sample-controller
+    cargo clean --quiet -p sample-controller --release --target "$(rustc -vV | sed -n 's/^host: //p')"
+    echo "$REPO_ROOT" >"$CARGO_TARGET_DIR/.workspace"
+  fi
 fi
 # Every cargo command below (and hack/verify-crds.sh's, and the demo test's)
 # compiles this crate with clippy-driver, `-D warnings`: one build is both
@@ -177,9 +188,12 @@ hack/lint-dockerfile.sh
 begin "unit and mocked-API tests, alert rules, layers"
 run_tests --lib --bins --test reconcile_mock --test alerts --test layers ||
   failing+=("unit and mocked-API tests, alert rules, layers")
-# Needed by the image tests only, which run last: the release build takes
-# what CPU the integration tests and the plane builds leave.
-detach hack/background.sh "$background" image 19 hack/build-image.sh
+# Needed by the image tests only, which run last: the release build starts
+# once the planes are built, so it does not slow the plane the next suites
+# wait for, and takes what CPU the integration tests leave.
+last_plane="$background/plane-${minors[-1]}.done"
+detach hack/background.sh "$background" image 19 \
+  bash -c 'until [[ -f $1 ]]; do sleep 2; done; exec hack/build-image.sh' _ "$last_plane"
 
 suites=()
 for suite in tests/e2e_*.rs; do
