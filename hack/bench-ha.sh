@@ -11,9 +11,7 @@
 # pods of its ServiceAccount: each replica runs with a token bound to its
 # pod and POD_NAME, as in a cluster, so the fence sees which pod writes.
 # For each of FENCES (default "on off": deploy/'s leader fence, then without
-# its binding, deploy/12-leader-fence-binding.yaml; not "off on", as the fence
-# applied again leaves kube-apiserver reading the Lease with a GET for each
-# guarded write, a Kubernetes bug: docs/design.md), in a namespace of its own:
+# its binding, deploy/12-leader-fence-binding.yaml), in a namespace of its own:
 #  1. N Foos, then replicas a and b started; time until every Foo converged;
 #  2. kill -9 of the leader, 10 Foos edited at once during the outage: the
 #     seconds from the standby taking the Lease (its acquireTime) to the last

@@ -92,3 +92,19 @@ component_serving() { # name
     *) kill -0 "$(cat "$DIR/$1.pid")" ;;
   esac
 }
+
+# deploy/'s LeaderFence CRD, the leader fence's parameter, and what it holds:
+# a header, then what `crdgen leader-fence` prints (hack/update-crds.sh
+# writes it, hack/verify-crds.sh checks it).
+LEADER_FENCE_CRD=deploy/11-leader-fence-crd.yaml
+leader_fence_crd() {
+  cat <<'HEADER'
+# The leader fence's parameter (11-leader-fence-policy.yaml): a LeaderFence
+# of the Lease's name names the replica that leads; the leader writes it
+# before its first write (src/leader_fence.rs, which this file is generated
+# from by hack/update-crds.sh). A CRD rather than the Lease itself: the API
+# server stops reading a built-in parameter kind for good once its binding
+# is deleted (docs/design.md, "The leader fence").
+HEADER
+  cargo run --quiet --locked --bin crdgen -- leader-fence
+}

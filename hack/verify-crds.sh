@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Fail if crds/ differs from what the Foo type generates (the counterpart of
-# upstream's verify-codegen.sh). Fix with hack/update-crds.sh.
+# Fail if crds/ differs from what the Foo type generates, or deploy/'s
+# LeaderFence CRD from what src/leader_fence.rs does (the counterpart of
+# upstream's verify-codegen.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
@@ -10,4 +11,8 @@ cargo run --quiet --locked --bin crdgen > "$generated"
 if ! diff -u crds/samplecontroller.k8s.io_foos.yaml "$generated"; then
   die "crds/ is out of date with src/foo.rs; run hack/update-crds.sh and commit the result"
 fi
-log "crds/ is up to date"
+leader_fence_crd > "$generated"
+if ! diff -u "$LEADER_FENCE_CRD" "$generated"; then
+  die "$LEADER_FENCE_CRD is out of date with src/leader_fence.rs; run hack/update-crds.sh and commit the result"
+fi
+log "crds/ and $LEADER_FENCE_CRD are up to date"

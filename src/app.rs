@@ -14,7 +14,8 @@ use tracing::{debug, info};
 
 use crate::adoption::Adoption;
 use crate::cache::Caches;
-use crate::cli::Cli;
+use crate::check;
+use crate::cli::{Cli, Command};
 use crate::client::{self, ConfigError};
 use crate::controller::{self, Settings};
 use crate::foo::Foo;
@@ -24,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::metrics_auth::MetricsAuth;
 use crate::sync::Context;
 use crate::tls::{self, TlsError};
+use crate::watchdog;
 
 /// How long a graceful shutdown waits for queued Events to be sent.
 const EVENT_FLUSH_GRACE: Duration = Duration::from_secs(5);
@@ -58,6 +60,10 @@ pub enum Error {
     #[error(transparent)]
     Http(#[from] BindError),
 
+    /// `sample-controller check` found faults (it printed them).
+    #[error("{0} of the checks failed")]
+    CheckFailed(usize),
+
     /// This replica stopped leading; it exits so that it restarts as a
     /// standby, as client-go and controller-runtime do.
     #[error("lost the lease {lease}: {reason}")]
@@ -68,6 +74,9 @@ pub enum Error {
 /// (returns an error, so the process exits non-zero and is restarted as a
 /// standby — as client-go and controller-runtime do).
 pub async fn run(cli: Cli) -> Result<(), Error> {
+    if let Some(Command::Check { service_account }) = &cli.command {
+        return preflight(&cli, service_account.clone()).await;
+    }
     if cli.leader_elect {
         check_timing(cli.leader_elect_lease_duration, cli.leader_elect_renew_deadline, cli.leader_elect_retry_period)
             .map_err(Error::LeaderTiming)?;
@@ -105,6 +114,29 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         retry_period: cli.leader_elect_retry_period,
     };
     lead(controller, parts, Elector::new(client, lease)).await
+}
+
+/// `sample-controller check`: each check's line on stdout; an error if any
+/// failed. The Lease is looked for in the ServiceAccount's namespace unless
+/// --leader-election-namespace says otherwise.
+async fn preflight(cli: &Cli, service_account: (String, String)) -> Result<(), Error> {
+    let config = client::config(cli.kubeconfig.as_deref(), cli.master.as_ref()).await?;
+    let client = client::build(config, Default::default()).map_err(Error::Client)?;
+    let shard = cli.shard_selector.clone().unwrap_or_default();
+    let lease_namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| service_account.0.clone());
+    let target = check::Target {
+        lease: (lease_namespace, shard.lease_name(&cli.leader_election_id).map_err(Error::Shard)?),
+        namespace: cli.namespace.clone(),
+        service_account,
+    };
+    let verdicts = check::run(&client, &target).await;
+    for v in &verdicts {
+        println!("{v}");
+    }
+    match verdicts.iter().filter(|v| !v.ok).count() {
+        0 => Ok(()),
+        failed => Err(Error::CheckFailed(failed)),
+    }
 }
 
 /// The metrics listener (over HTTPS with authentication when
@@ -147,8 +179,15 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -
         _ = &mut controller => return Ok(()),
     }
     metrics.set_leader(&lease, true);
-    start_adoption(&caches, &adoption, Some(fence));
-    let _ = took_lease.unbounded_send(());
+    // Once the API server's fence names this replica (at once, unless its
+    // claim failed and is retried at the next renewal): adopt, then sync
+    // every Foo. Never ends on its own.
+    let start_writing = async {
+        fence.held().await;
+        start_adoption(&caches, &adoption, Some(fence.clone()));
+        let _ = took_lease.unbounded_send(());
+        std::future::pending::<()>().await
+    };
     let result = tokio::select! {
         // Graceful shutdown: in-flight syncs finished, then hand over.
         _ = &mut controller => {
@@ -159,6 +198,7 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -
         // is no longer sure to lead must not write again.
         // Logged once, by main, as the reason for exiting.
         reason = elector.hold() => Err(Error::LostLease { lease: lease.clone(), reason }),
+        () = start_writing => unreachable!("it never ends"),
     };
     metrics.set_leader(&lease, false);
     result
@@ -199,6 +239,7 @@ struct Parts {
 /// instead (lost leadership), queued Events are dropped with it.
 async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option<Arc<Fence>>) {
     let Parts { client, caches, adoption, metrics, instance, readiness } = parts;
+    let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), fence.clone());
     let ctx = Arc::new(Context::new(client, caches.clone(), adoption, metrics, Some(instance), fence));
     let synced = tokio::spawn(async move {
         if caches.synced().await {
@@ -208,5 +249,6 @@ async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option
     });
     controller::run(controller, ctx.clone()).await;
     synced.abort();
+    watchdog.abort();
     ctx.events.flush(EVENT_FLUSH_GRACE).await;
 }

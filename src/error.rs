@@ -137,7 +137,9 @@ mod tests {
                       'sample-controller-leader-fence' denied request:";
         let holder_elsewhere = refused(
             403,
-            &format!("deployments.apps \"d\" is forbidden: {denied} pod a does not hold the Lease l (held by b_1f)"),
+            &format!(
+                "deployments.apps \"d\" is forbidden: {denied} pod a does not hold the Lease l (its LeaderFence names b_1f)"
+            ),
         );
         let no_lease = refused(
             422,

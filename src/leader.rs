@@ -31,6 +31,8 @@ use tracing::{debug, info, warn};
 
 use crate::client::post_params;
 use crate::constants::POD_NAME_ENV;
+use crate::leader_fence::LeaderFence;
+use crate::retry::BACKOFF_MAX;
 
 /// Timing and identity of one candidate.
 #[derive(Clone, Debug)]
@@ -74,6 +76,14 @@ pub struct Fence {
     valid_until: Mutex<Option<Instant>>,
     in_doubt: AtomicBool,
     check_now: Notify,
+    /// Since when the API server's fence has refused this leader's writes
+    /// (or it could not claim the fence), none admitted since.
+    refusals: Mutex<Option<Refusals>>,
+    /// Woken by each renewal: [`Fence::held`].
+    renewals: Notify,
+    /// The Lease's duration: a refusal that lasts longer is no lag of the
+    /// API server's view behind a takeover.
+    lease_duration: Duration,
 }
 
 impl Fence {
@@ -106,20 +116,81 @@ impl Fence {
     /// The API server refused a write as not the Lease holder's: write
     /// nothing until the elector has checked the Lease.
     pub fn doubt(&self) {
+        self.refused();
         if !self.in_doubt.swap(true, Ordering::AcqRel) {
             self.check_now.notify_one();
         }
     }
 
+    /// A sync's writes were admitted: the API server's fence lets this
+    /// replica through.
+    pub fn admitted(&self) {
+        *self.refusals.lock() = None;
+    }
+
+    /// How long the API server's fence has refused this replica's writes
+    /// (or it could not claim the fence), none admitted since; zero when it
+    /// is not refusing. A refused Foo is retried at least every
+    /// [`BACKOFF_MAX`]: no refusal for longer than that (and a lease
+    /// duration) means none is being refused any more, though no write was
+    /// admitted (the refused Foo needed none after all, or went).
+    pub fn refused_for(&self) -> Duration {
+        match *self.refusals.lock() {
+            Some(r) if r.last.elapsed() <= BACKOFF_MAX + self.lease_duration => r.since.elapsed(),
+            _ => Duration::ZERO,
+        }
+    }
+
+    fn refused(&self) {
+        let now = Instant::now();
+        self.refusals.lock().get_or_insert(Refusals { since: now, last: now }).last = now;
+    }
+
+    /// Resolves once this replica may write as the leader (at once if it
+    /// may already).
+    pub async fn held(&self) {
+        loop {
+            let renewed = self.renewals.notified();
+            if self.holds() {
+                return;
+            }
+            renewed.await;
+        }
+    }
+
+    /// True once the API server's fence has refused this replica's writes
+    /// for longer than a lease duration, none admitted since.
+    pub fn refusal_lasts(&self) -> bool {
+        let refused = self.refused_for();
+        !refused.is_zero() && refused > self.lease_duration
+    }
+
+    /// Holding the Lease, but the API server's fence does not name this
+    /// replica: no write, and it counts as refused. A new leader's syncs
+    /// start only once a renewal has claimed it ([`Fence::held`]); one in
+    /// doubt after a refusal stays so.
+    fn unclaimed(&self) {
+        self.refused();
+    }
+
     fn renewed(&self, attempt: Instant, deadline: Duration) {
         *self.valid_until.lock() = Some(attempt + deadline);
         self.in_doubt.store(false, Ordering::Release);
+        self.renewals.notify_waiters();
     }
 
     /// Hold no more: this replica is handing the Lease over.
     fn revoke(&self) {
         *self.valid_until.lock() = None;
+        *self.refusals.lock() = None;
     }
+}
+
+/// The first and the latest refusal of a run of them.
+#[derive(Clone, Copy, Debug)]
+struct Refusals {
+    since: Instant,
+    last: Instant,
 }
 
 /// Whether a replica may write: always without leader election (`None`),
@@ -131,6 +202,13 @@ pub fn may_write(fence: Option<&Fence>) -> bool {
 /// One candidate for the Lease.
 pub struct Elector {
     api: Api<Lease>,
+    /// The API server's fence's parameter ([`LeaderFence`]), of the
+    /// Lease's name.
+    fences: Api<LeaderFence>,
+    /// The LeaderFence as this replica wrote it, naming it, since it last
+    /// took the Lease; `Pending` until then and after a refusal, when it
+    /// is read and written again.
+    claim: Claim,
     cfg: LeaderConfig,
     fence: Arc<Fence>,
     /// The Lease as last written by us or reported by the watch: a write is
@@ -200,9 +278,11 @@ pub fn check_timing(lease_duration: Duration, renew_deadline: Duration, retry_pe
 impl Elector {
     pub fn new(client: Client, cfg: LeaderConfig) -> Self {
         Elector {
-            api: Api::namespaced(client, &cfg.namespace),
+            api: Api::namespaced(client.clone(), &cfg.namespace),
+            fences: Api::namespaced(client, &cfg.namespace),
+            claim: Claim::Pending,
+            fence: Arc::new(Fence { lease_duration: cfg.lease_duration, ..Fence::default() }),
             cfg,
-            fence: Arc::new(Fence::new()),
             lease: None,
             observed: None,
         }
@@ -239,7 +319,12 @@ impl Elector {
             let attempt = Instant::now();
             wait = match self.try_acquire().await {
                 Ok(Attempt::Won) => {
-                    self.fence.renewed(attempt, self.cfg.renew_deadline);
+                    self.claim = Claim::Pending;
+                    if self.claim_fence(attempt).await {
+                        self.fence.renewed(attempt, self.cfg.renew_deadline);
+                    } else {
+                        self.fence.unclaimed();
+                    }
                     info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "leading");
                     return;
                 }
@@ -264,11 +349,22 @@ impl Elector {
             self.until_next_attempt(last_attempt).await;
             let attempt = Instant::now();
             last_attempt = attempt;
+            // A refusal may come from a LeaderFence that names someone
+            // else (edited, or written by a deposed leader that resumed):
+            // read and claim it again after this renewal.
+            if self.fence.in_doubt() {
+                self.claim = Claim::Pending;
+            }
             let left = self.cfg.renew_deadline.saturating_sub(attempt - last_renew);
             match tokio::time::timeout(left, self.renew()).await {
                 Ok(Ok(Renewal::Renewed)) => {
                     last_renew = attempt;
-                    self.fence.renewed(attempt, self.cfg.renew_deadline);
+                    // No write until the API server's fence names us.
+                    if self.claim_fence(attempt).await {
+                        self.fence.renewed(attempt, self.cfg.renew_deadline);
+                    } else {
+                        self.fence.unclaimed();
+                    }
                 }
                 Ok(Ok(Renewal::Changed)) => {
                     info!(lease = %self.cfg.lease_name, "lease changed under its leader; renewing from the current copy")
@@ -309,6 +405,9 @@ impl Elector {
         // Nothing of this replica writes once the Lease may be someone
         // else's: not a sync still running after a forced shutdown.
         self.fence.revoke();
+        // The LeaderFence first: cleared after the Lease, it could race the
+        // next leader's claim and cost it a retry period.
+        self.release_fence().await;
         let Some(mut lease) = self.lease.clone().filter(|l| holder(l).as_deref() == Some(&self.cfg.identity)) else {
             debug!(lease = %self.cfg.lease_name, "lease not ours; nothing to release");
             return;
@@ -320,6 +419,85 @@ impl Elector {
         match self.api.replace(&self.cfg.lease_name, &post_params(), &lease).await {
             Ok(_) => info!(lease = %self.cfg.lease_name, "lease released"),
             Err(e) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot release lease; it will expire"),
+        }
+    }
+
+    /// Make the API server's fence name this replica, which holds the
+    /// Lease, before its first write as the leader: the LeaderFence is read
+    /// and written with the resourceVersion read, so a deposed leader that
+    /// resumes between the two cannot overwrite a newer claim (its write
+    /// fails with Conflict, and ours is tried again at the next renewal).
+    /// Both requests are made within the renew deadline of `attempt` (the
+    /// renewal they follow), as every write of a leader is. True once
+    /// claimed, or when there is nothing to claim: no LeaderFence CRD (no
+    /// fence installed), or no right to write one (an install without
+    /// deploy/'s fence; if a fence is bound after all, its refusals say so).
+    /// False, logged, while a claim fails: the replica holds the Lease and
+    /// writes nothing.
+    async fn claim_fence(&mut self, attempt: Instant) -> bool {
+        if !matches!(self.claim, Claim::Pending) {
+            return true;
+        }
+        let name = self.cfg.lease_name.clone();
+        let left = self.cfg.renew_deadline.saturating_sub(attempt.elapsed());
+        let Ok(outcome) = tokio::time::timeout(left, self.write_claim(&name)).await else {
+            warn!(fence = %name, "claiming the LeaderFence took past the renew deadline; claiming again at the next renewal");
+            return false;
+        };
+        match outcome {
+            Ok(written) => {
+                info!(fence = %name, identity = %self.cfg.identity, "leader fence names this replica");
+                self.claim = Claim::Written(Box::new(written));
+                true
+            }
+            Err(kube::Error::Api(s))
+                if s.code == 404 && s.message.contains("could not find the requested resource") =>
+            {
+                info!(fence = %name, "no LeaderFence CRD in the cluster: no API server fence to claim");
+                self.claim = Claim::NoFence;
+                true
+            }
+            Err(kube::Error::Api(s)) if s.code == 403 => {
+                warn!(fence = %name, error = %s.message, "may not write the LeaderFence: if the API server's leader fence is bound, it will refuse this replica's writes");
+                self.claim = Claim::NoFence;
+                true
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() || s.is_not_found() => {
+                warn!(fence = %name, "the LeaderFence changed while this replica claimed it; claiming again at the next renewal");
+                false
+            }
+            Err(e) => {
+                warn!(fence = %name, error = %e, "cannot claim the LeaderFence; writing nothing until it names this replica");
+                false
+            }
+        }
+    }
+
+    /// The LeaderFence read, then written naming this replica: replaced
+    /// from the copy read (conditional on its resourceVersion), or created.
+    async fn write_claim(&self, name: &str) -> Result<LeaderFence, kube::Error> {
+        let current = self.fences.get_opt(name).await?;
+        let exists = current.is_some();
+        let ours = LeaderFence::naming(current, name, Some(&self.cfg.identity));
+        if exists {
+            self.fences.replace(name, &post_params(), &ours).await
+        } else {
+            self.fences.create(&post_params(), &ours).await
+        }
+    }
+
+    /// After a release: the LeaderFence names nobody, as the Lease, unless
+    /// the next leader claimed it already (the write is conditional on our
+    /// claim's resourceVersion). Errors are only logged: the next leader
+    /// claims it anyway.
+    async fn release_fence(&mut self) {
+        let Claim::Written(ours) = std::mem::replace(&mut self.claim, Claim::Pending) else { return };
+        let released = LeaderFence::naming(Some(*ours), &self.cfg.lease_name, None);
+        match self.fences.replace(&self.cfg.lease_name, &post_params(), &released).await {
+            Ok(_) => debug!(fence = %self.cfg.lease_name, "leader fence released"),
+            Err(e) => {
+                debug!(fence = %self.cfg.lease_name, error = %e, "leader fence not released (claimed since, or gone)")
+            }
         }
     }
 
@@ -435,6 +613,16 @@ enum Attempt {
     HeldFor(Duration),
     /// Someone else wrote it first.
     Lost,
+}
+
+/// Where this replica's claim on the LeaderFence stands.
+#[derive(Debug)]
+enum Claim {
+    Pending,
+    /// As the API server answered our write: what a release writes from.
+    Written(Box<LeaderFence>),
+    /// No LeaderFence to claim, or no right to claim it.
+    NoFence,
 }
 
 /// How a renewal went.

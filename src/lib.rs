@@ -4,12 +4,13 @@
 //! A module per concept, in layers: a module uses only those below it
 //! (docs/design.md draws them; `tests/layers.rs` checks it).
 //! - the process: [`app`] puts together [`cli`] and [`go_flags`] (the
-//!   command line), [`telemetry`] (logs), [`http`] and [`tls`] (endpoints);
+//!   command line), [`check`] (the preflight, `sample-controller check`), [`telemetry`] (logs), [`http`] and [`tls`] (endpoints);
 //! - the controller: [`controller`] turns watches into syncs, [`sync`]
-//!   carries one out and retries it, [`events`] publishes its Events,
+//!   carries one out and retries it, [`watchdog`] says when Foos stop
+//!   converging, [`events`] publishes its Events,
 //!   [`cache`] keeps what the watches ([`watch`]) saw, [`adoption`] takes
 //!   over what upstream's controller made, [`leader`] elects the one replica
-//!   that writes;
+//!   that writes and names it in its [`leader_fence`] for the API server;
 //! - the pure core: [`decision`] what a sync does, [`deployment`] the
 //!   Deployment a Foo asks for, [`foo`] the API type, [`shard`] which Foos
 //!   an instance owns, [`error`] how a sync fails, [`retry`] when to try
@@ -20,6 +21,7 @@
 pub mod adoption;
 pub mod app;
 pub mod cache;
+pub mod check;
 pub mod cli;
 pub mod client;
 pub mod constants;
@@ -32,6 +34,7 @@ pub mod foo;
 pub mod go_flags;
 pub mod http;
 pub mod leader;
+pub mod leader_fence;
 pub mod metrics;
 pub mod metrics_auth;
 pub mod process;
@@ -41,6 +44,7 @@ pub mod sync;
 pub mod telemetry;
 pub mod tls;
 pub mod watch;
+pub mod watchdog;
 pub mod workqueue;
 
 #[cfg(any(test, feature = "test-fixtures"))]

@@ -7,7 +7,10 @@
 //! `controller_runtime_max_concurrent_reconciles{controller}`, and
 //! client-go's leader gauge `leader_election_master_status{name}`, and
 //! `sample_controller_build_info{version,revision}` (always 1), which says
-//! what runs.
+//! what runs; and what says the operator cannot do its job, whatever the
+//! cause (`watchdog`): `sample_controller_unsynced_foos`,
+//! `sample_controller_unsynced_foo_oldest_seconds` and
+//! `sample_controller_leader_fence_refused_seconds`.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,6 +81,9 @@ pub struct Metrics {
     max_workers: Family<ControllerLabels, Gauge>,
     leader: Family<LeaseLabels, Gauge>,
     build_info: Family<BuildLabels, Gauge>,
+    unsynced_foos: Gauge,
+    unsynced_oldest: Gauge,
+    fence_refused: Gauge,
     /// The reconcile queue, as client-go's workqueue metrics.
     pub queue: Arc<QueueMetrics>,
     /// Every API request, by code, method and host.
@@ -101,6 +107,9 @@ impl Metrics {
             max_workers: Family::default(),
             leader: Family::default(),
             build_info: Family::default(),
+            unsynced_foos: Gauge::default(),
+            unsynced_oldest: Gauge::default(),
+            fence_refused: Gauge::default(),
             queue: Arc::default(),
             rest_requests: Family::default(),
         };
@@ -145,6 +154,21 @@ impl Metrics {
             "sample_controller_build_info",
             "A metric with a constant '1' value labeled by the version and the commit the binary was built from",
             self.build_info.clone(),
+        );
+        r.register(
+            "sample_controller_unsynced_foos",
+            "Foos of this instance whose newest generation has no status written for it yet (status.observedGeneration behind metadata.generation)",
+            self.unsynced_foos.clone(),
+        );
+        r.register(
+            "sample_controller_unsynced_foo_oldest_seconds",
+            "How long the longest-waiting of the unsynced Foos has waited, as this replica saw it (0: none)",
+            self.unsynced_oldest.clone(),
+        );
+        r.register(
+            "sample_controller_leader_fence_refused_seconds",
+            "How long the API server's leader fence has refused this leader's writes, none admitted since (0: not refusing)",
+            self.fence_refused.clone(),
         );
         r.register(
             "rest_client_requests",
@@ -201,6 +225,17 @@ impl Metrics {
         self.leader.get_or_create(&LeaseLabels { name: lease.into() }).set(i64::from(leading));
     }
 
+    /// The Foos not yet synced: how many, and the longest wait.
+    pub fn set_unsynced(&self, foos: usize, oldest: Duration) {
+        self.unsynced_foos.set(i64::try_from(foos).unwrap_or(i64::MAX));
+        self.unsynced_oldest.set(seconds(oldest));
+    }
+
+    /// How long the API server's fence has refused this leader's writes.
+    pub fn set_fence_refused(&self, refused_for: Duration) {
+        self.fence_refused.set(seconds(refused_for));
+    }
+
     /// The registry in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
@@ -208,6 +243,11 @@ impl Metrics {
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
     }
+}
+
+/// Whole seconds, as the gauges count them.
+fn seconds(d: Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
 }
 
 /// Decrements `controller_runtime_active_workers` on drop.

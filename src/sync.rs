@@ -163,6 +163,11 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     };
     delete_stale(&target, &observed.deployments, &plan, &observed.owned, ctx).await?;
     write_status(&target, &foo, &plan, ctx).await?;
+    if plan.writes()
+        && let Some(fence) = &ctx.fence
+    {
+        fence.admitted();
+    }
     record_events(&foo, &plan, ctx);
     finish(target, plan.outcome)
 }

@@ -21,11 +21,12 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
 use sample_controller::constants::{FENCE_POLICY, USER_AGENT};
 use sample_controller::decision::{DeploymentAction, decide};
 use sample_controller::deployment::DeploymentView;
+use sample_controller::leader_fence::LeaderFence;
 use sample_controller::shard::UNSHARDED;
 use serde_json::json;
 
@@ -396,6 +397,64 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_
         admitted.is_empty(),
         "the API server admitted writes of {old}'s replica after {new} took over: {admitted:?}"
     );
+}
+
+/// A leader whose every write the API server's fence refuses — its Role
+/// lacks LeaderFences (deploy/'s binary upgraded without its RBAC), and the
+/// LeaderFence names the other replica — says so where on-call looks: an
+/// ERROR once a lease duration has passed, the refusal's gauge past the
+/// threshold of SampleControllerLeaderFenceRefuses, and the unsynced Foo in
+/// SampleControllerFoosNotSynced's gauges (deploy/monitoring; the alerts'
+/// timing is tested with promtool, tests/alerts).
+#[tokio::test]
+async fn a_leader_the_fence_refuses_for_good_says_so_in_an_error_and_in_the_alerts_gauges() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    let _role_back = ApplyOnDrop("deploy/04-leader-election-role.yaml");
+    let without_fences =
+        r#"[{"op":"test","path":"/rules/1/resources/0","value":"leaderfences"},{"op":"remove","path":"/rules/1"}]"#;
+    kubectl_ok(&[
+        "-n",
+        DEPLOY_NS,
+        "patch",
+        "role",
+        "sample-controller-leader-election",
+        "--type=json",
+        "-p",
+        without_fences,
+    ]);
+    let other = format!("{}_1", pods[1].name_any());
+    let fence = LeaderFence::naming(None, DEPLOY_LEASE, Some(&other));
+    let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
+    fences.create(&PostParams::default(), &fence).await.expect("the LeaderFence naming the other replica");
+    let ns = TestNamespace::new("chaos-refused").await;
+    let leader = spawn_replica(&ns.name, &pods[0], LEASE).await;
+    wait_until("the replica leading", TIMEOUT, || async {
+        (metric(&leader, DEPLOY_LEADER_SERIES).await == Some(1.0)).then_some(())
+    })
+    .await;
+    create_one_foo(&ns, "refused").await;
+
+    let log = format!("{}/{}-{}.log", env!("CARGO_TARGET_TMPDIR"), ns.name, pods[0].name_any());
+    wait_until("the ERROR saying the fence refuses this leader", TIMEOUT, || async {
+        let log = std::fs::read_to_string(&log).ok()?;
+        log.lines()
+            .find(|l| l.contains(" ERROR ") && l.contains("leader fence has refused every write"))
+            .map(str::to_owned)
+    })
+    .await;
+    // SampleControllerLeaderFenceRefuses: `> 60` seconds.
+    let refused = wait_until("a minute of refusals", Duration::from_secs(120), || async {
+        metric(&leader, "sample_controller_leader_fence_refused_seconds").await.filter(|s| *s > 60.0)
+    })
+    .await;
+    let unsynced = metric(&leader, "sample_controller_unsynced_foos").await;
+    let oldest = metric(&leader, "sample_controller_unsynced_foo_oldest_seconds").await.unwrap_or_default();
+    println!("refused for {refused} s; unsynced Foos {unsynced:?}, the oldest for {oldest} s");
+    assert_eq!(unsynced, Some(1.0), "the Foo the leader cannot write is unsynced");
+    assert!(oldest >= 50.0, "it has waited since its creation: {oldest} s");
+    assert!(deployment(&ns, "refused").await.is_none(), "no write of the refused leader was admitted");
 }
 
 #[tokio::test]

@@ -20,6 +20,7 @@ use kube::ResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::error::{ApiAction, SyncError};
 use sample_controller::leader::{Elector, LeaderConfig};
+use sample_controller::leader_fence::LeaderFence;
 use sample_controller::metrics_auth::{Access, MetricsAuth};
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
@@ -90,7 +91,10 @@ const CONTROLLER: [&str; 14] = [
     "subjectaccessreviews.authorization.k8s.io create",
     "tokenreviews.authentication.k8s.io create",
 ];
-const LEADER_ELECTION: [&str; 5] = [
+const LEADER_ELECTION: [&str; 8] = [
+    "leaderfences.samplecontroller.k8s.io create",
+    "leaderfences.samplecontroller.k8s.io get",
+    "leaderfences.samplecontroller.k8s.io update",
     "leases.coordination.k8s.io create",
     "leases.coordination.k8s.io get",
     "leases.coordination.k8s.io list",
@@ -155,10 +159,9 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // One replica without --leader-elect, as a user runs it with deploy/
     // (docs/install.md, "One replica"): without the leader fence's binding, for the
     // fence refuses the writes of a replica that does not hold the Lease.
-    // The fence's own test sorts, and so runs, before this one: applied
-    // again, the API server's view of the Lease can stay frozen (a
-    // Kubernetes bug: docs/design.md, "The leader fence").
+    // Applied again after the test, as a user goes back to two replicas.
     kubectl_ok(&["delete", "-f", FENCE_BINDING, "--ignore-not-found"]);
+    let _fence_back = ApplyOnDrop(FENCE_BINDING);
     // Watching all namespaces with the default workers, as deployed. It
     // also meets every Foo the suites before it left in namespaces still
     // being deleted (hundreds, after the chaos suite), so its waits are long.
@@ -215,7 +218,9 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // and renews it (an update); someone else's edit makes a renewal
     // conflict, and the leader reads the Lease once (a get) before renewing
     // from it; a standby lists and watches it while waiting; the leader's
-    // release (an update) hands it over at once.
+    // release (an update) hands it over at once. Each new leader reads its
+    // LeaderFence (a get) and claims it: the first creates it, the next
+    // updates it, and a release names nobody (an update).
     let candidate = |identity: &'static str| async move {
         Elector::new(
             service_account_client(NS, SA).await,
@@ -419,8 +424,9 @@ async fn pod_of_another_deployment(name: &str) -> Pod {
     .await
 }
 
-/// The Lease as the replica in `pod` holds it after taking it.
-async fn take_lease(client: &kube::Client, pod: &Pod) {
+/// What the replica in `pod` writes when it takes the lead
+/// (`leader::Elector`): the Lease, then its LeaderFence, both naming it.
+async fn take_lead(client: &kube::Client, pod: &Pod) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), DEPLOY_NS);
     let holder = format!("{}_{}", pod.name_any(), std::process::id());
     let spec = json!({ "holderIdentity": holder, "leaseDurationSeconds": 15,
@@ -435,6 +441,16 @@ async fn take_lease(client: &kube::Client, pod: &Pod) {
             leases.create(&PostParams::default(), &serde_json::from_value(lease).unwrap()).await.unwrap();
         }
     }
+    let fences: Api<LeaderFence> = Api::namespaced(client.clone(), DEPLOY_NS);
+    let current = fences.get_opt(DEPLOY_LEASE).await.unwrap();
+    let existed = current.is_some();
+    let ours = LeaderFence::naming(current, DEPLOY_LEASE, Some(&holder));
+    let written = if existed {
+        fences.replace(DEPLOY_LEASE, &PostParams::default(), &ours).await
+    } else {
+        fences.create(&PostParams::default(), &ours).await
+    };
+    written.unwrap_or_else(|e| panic!("{holder} claims the LeaderFence: {e}"));
 }
 
 fn all_admitted(writes: &[Option<kube::Error>]) -> bool {
@@ -465,16 +481,16 @@ async fn the_api_server_admits_the_operators_writes_only_from_the_pod_that_holds
     let ns = TestNamespace::new("fence").await;
     fenced_targets(&ns).await;
     let (a, b) = (pod_client(&pods[0]).await, pod_client(&pods[1]).await);
-    // No Lease: the fence is open, for every user (the API server looks the
-    // Lease up before it checks who writes; `Deny` there would refuse every
-    // user's Deployment writes in the cluster).
-    assert!(all_admitted(&guarded_writes(&ns.client, &ns, "admin-no-lease").await), "an admin's writes, no Lease");
-    assert!(all_admitted(&guarded_writes(&a, &ns, "no-lease").await), "the operator's writes, no Lease");
+    // No LeaderFence: the fence is open, for every user (the API server
+    // looks it up before it checks who writes; `Deny` there would refuse
+    // every user's Deployment writes in the cluster).
+    assert!(all_admitted(&guarded_writes(&ns.client, &ns, "admin-no-lease").await), "an admin's writes, no fence");
+    assert!(all_admitted(&guarded_writes(&a, &ns, "no-lease").await), "the operator's writes, no fence");
 
-    // A Lease write is never fenced: a's replica takes the Lease itself.
-    take_lease(&a, &pods[0]).await;
-    // The API server reads the Lease through an informer: it admits a's
-    // writes once that has the new holder (no watch shows when).
+    // Lease and LeaderFence writes are never fenced: a's replica takes both.
+    take_lead(&a, &pods[0]).await;
+    // The API server reads the LeaderFence through an informer: it admits
+    // a's writes once that has the new holder (no watch shows when).
     wait_until("the holder's writes admitted", TIMEOUT, || async {
         all_admitted(&guarded_writes(&a, &ns, "holder").await).then_some(())
     })
@@ -487,8 +503,8 @@ async fn the_api_server_admits_the_operators_writes_only_from_the_pod_that_holds
     // Everyone else is left alone.
     assert!(all_admitted(&guarded_writes(&ns.client, &ns, "admin").await), "an admin's writes");
 
-    // b takes over: the API server follows the Lease.
-    take_lease(&b, &pods[1]).await;
+    // b takes over: the API server follows.
+    take_lead(&b, &pods[1]).await;
     wait_until("the new holder's writes admitted", TIMEOUT, || async {
         all_admitted(&guarded_writes(&b, &ns, "new-holder").await).then_some(())
     })
@@ -500,6 +516,165 @@ async fn the_api_server_admits_the_operators_writes_only_from_the_pod_that_holds
     let other_client = pod_client(&other).await;
     assert!(all_admitted(&guarded_writes(&other_client, &ns, "other-shard").await), "another Deployment's pod");
     kubectl_ok(&["delete", "deployment", "sample-controller-other-shard", "-n", NS, "--wait=false"]);
+}
+
+/// The ordinary operations that take the leader fence away and put it
+/// back, each as a user runs it; deploy/ is applied again after each.
+#[derive(Clone, Copy, Debug)]
+enum Churn {
+    /// The binding deleted, past the API server's policy refresh (a
+    /// second), and applied again: the fence turned off and on.
+    BindingAppliedAgain,
+    /// `kubectl delete -f deploy/` and `kubectl apply -f deploy/`: an
+    /// uninstall and a reinstall, or a GitOps prune and its re-creation.
+    Reinstalled,
+    /// docs/install.md's one replica without leader election, and back to
+    /// two replicas by applying deploy/.
+    OneReplicaAndBack,
+}
+
+impl Churn {
+    async fn run(self) {
+        match self {
+            Churn::BindingAppliedAgain => {
+                kubectl_ok(&["delete", "-f", FENCE_BINDING]);
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+            Churn::Reinstalled => {
+                kubectl_ok(&["delete", "-f", "deploy/", "--wait=true", "--timeout=180s"]);
+            }
+            Churn::OneReplicaAndBack => {
+                kubectl_ok(&["delete", "-f", FENCE_BINDING, "-f", "deploy/06-pod-disruption-budget.yaml"]);
+                kubectl_ok(&["-n", NS, "scale", "deployment/sample-controller", "--replicas=0"]);
+                let pods: Api<Pod> = Api::namespaced(admin_client().await, NS);
+                wait_until("the operator's pods gone", AS_DEPLOYED_TIMEOUT, || async {
+                    let operator = ListParams::default().labels("app.kubernetes.io/name=sample-controller");
+                    pods.list(&operator).await.ok()?.items.is_empty().then_some(())
+                })
+                .await;
+                let one = r#"[{"op":"replace","path":"/spec/replicas","value":1},{"op":"replace","path":"/spec/template/spec/containers/0/args/0","value":"--leader-elect=false"}]"#;
+                kubectl_ok(&["-n", NS, "patch", "deployment", "sample-controller", "--type=json", "-p", one]);
+                kubectl_ok(&["-n", NS, "rollout", "status", "deployment/sample-controller", "--timeout=180s"]);
+            }
+        }
+        install_deploy().await;
+    }
+}
+
+/// Kubernetes issue 130887: with a built-in parameter kind (the Lease, as
+/// the fence had it), each of these operations left the API server's view
+/// of the holder frozen, so after the next change of leader it refused the
+/// new leader's writes (and admitted the deposed one's) until
+/// kube-apiserver restarted. Fails on that policy; the LeaderFence's
+/// informer starts again with the binding.
+#[tokio::test]
+async fn the_fence_follows_the_leader_after_the_binding_is_applied_again_a_reinstall_and_one_replica_mode() {
+    install_deploy().await;
+    let _lease = FreshLease::new();
+    let ns = TestNamespace::new("fence-churn").await;
+    fenced_targets(&ns).await;
+    for churn in [Churn::BindingAppliedAgain, Churn::Reinstalled, Churn::OneReplicaAndBack] {
+        // A leader the API server knows, before the operation.
+        let pods = deploy_pods().await;
+        let leader = pod_client(&pods[0]).await;
+        take_lead(&leader, &pods[0]).await;
+        wait_until(&format!("the leader's writes admitted before {churn:?}"), TIMEOUT, || async {
+            all_admitted(&guarded_writes(&leader, &ns, "before").await).then_some(())
+        })
+        .await;
+
+        churn.run().await;
+
+        // The other replica takes over (new pods, after a reinstall).
+        let pods = deploy_pods().await;
+        let (deposed, new) = (pod_client(&pods[0]).await, pod_client(&pods[1]).await);
+        take_lead(&deposed, &pods[0]).await;
+        take_lead(&new, &pods[1]).await;
+        // Both at once: until the API server has the binding (a second) and
+        // the LeaderFence, the policy fails open and admits everyone.
+        let what = format!("the new leader admitted and the deposed one refused after {churn:?}");
+        wait_until(&what, TIMEOUT, || async {
+            let refused = guarded_writes(&deposed, &ns, "deposed").await;
+            let fenced = refused.iter().all(|r| r.as_ref().is_some_and(is_fence_refusal));
+            (fenced && all_admitted(&guarded_writes(&new, &ns, "after").await)).then_some(())
+        })
+        .await;
+        assert!(all_admitted(&guarded_writes(&ns.client, &ns, "admin").await), "an admin's writes, after {churn:?}");
+    }
+}
+
+/// `sample-controller check`, as a user runs it against the cluster of
+/// their kubeconfig: whether it passed, and its lines.
+fn preflight() -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sample-controller"));
+    cmd.args(["check", "--kubeconfig", &kubeconfig_path()]).env_remove("SAMPLE_CONTROLLER_KUBECONFIG");
+    for proxy in ["HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"] {
+        cmd.env_remove(proxy);
+    }
+    let out = cmd.output().expect("run sample-controller check");
+    let lines = String::from_utf8_lossy(&out.stdout).into_owned();
+    println!("{lines}{}", String::from_utf8_lossy(&out.stderr));
+    (out.status.success(), lines)
+}
+
+/// The line of check `name`, which must have failed.
+fn failed_check(lines: &str, name: &str) -> String {
+    let line = lines.lines().find(|l| l.contains(&format!(" {name}: "))).unwrap_or_else(|| panic!("no {name} line"));
+    assert!(line.starts_with("FAIL"), "{line}");
+    line.to_owned()
+}
+
+/// The Foo CRD deleted while this lives (every Foo in the cluster with
+/// it), and applied again, established, once it is dropped.
+struct NoFooCrd;
+
+impl NoFooCrd {
+    fn new() -> Self {
+        kubectl_ok(&["delete", "-f", "crds/", "--wait=true", "--timeout=180s"]);
+        NoFooCrd
+    }
+}
+
+impl Drop for NoFooCrd {
+    fn drop(&mut self) {
+        kubectl(&["apply", "-f", "crds/"]);
+        kubectl(&["wait", "--for=condition=established", "crd/foos.samplecontroller.k8s.io", "--timeout=60s"]);
+    }
+}
+
+#[tokio::test]
+async fn check_passes_on_a_good_install_and_names_a_removed_rbac_rule_a_broken_fence_and_a_missing_crd() {
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    take_lead(&pod_client(&pods[0]).await, &pods[0]).await;
+    let (passed, lines) = preflight();
+    assert!(passed, "a good install: {lines}");
+    assert_eq!(lines.lines().filter(|l| l.starts_with("ok ")).count(), 5, "{lines}");
+    assert!(lines.contains("follows the Lease"), "{lines}");
+
+    {
+        let _role_back = ApplyOnDrop("deploy/02-clusterrole.yaml");
+        let no_patch = r#"[{"op":"test","path":"/rules/3/resources/0","value":"deployments"},{"op":"test","path":"/rules/3/verbs/4","value":"patch"},{"op":"remove","path":"/rules/3/verbs/4"}]"#;
+        kubectl_ok(&["patch", "clusterrole", "sample-controller", "--type=json", "-p", no_patch]);
+        let (passed, lines) = preflight();
+        assert!(!passed, "{lines}");
+        assert!(failed_check(&lines, "RBAC").contains("patch deployments.apps"), "{lines}");
+    }
+
+    let other = format!("{}_1", pods[1].name_any());
+    let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
+    let mut fence = fences.get(DEPLOY_LEASE).await.unwrap();
+    fence.spec.holder_identity = Some(other.clone());
+    fences.replace(DEPLOY_LEASE, &PostParams::default(), &fence).await.unwrap();
+    let (passed, lines) = preflight();
+    assert!(!passed, "{lines}");
+    let line = failed_check(&lines, "leader fence");
+    assert!(line.contains(&other) && line.contains(&pods[0].name_any()), "{line}");
+
+    let _no_crd = NoFooCrd::new();
+    let (passed, lines) = preflight();
+    assert!(!passed, "{lines}");
+    assert!(failed_check(&lines, "Foo CRD").contains("not installed"), "{lines}");
 }
 
 /// A client acting as `user`, an ordinary authenticated user.

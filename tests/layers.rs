@@ -14,13 +14,13 @@ use std::path::Path;
 /// pure core, the plumbing.
 const LAYERS: &[&[&str]] = &[
     &["app"],
-    &["controller", "go_flags"],
-    &["sync", "cli", "http"],
+    &["controller", "check", "go_flags"],
+    &["sync", "watchdog", "cli", "http"],
     &["events", "adoption", "cache", "tls", "metrics_auth"],
     &["leader", "decision"],
     &["client", "watch", "deployment"],
     &["metrics", "retry", "telemetry", "error"],
-    &["foo", "shard", "workqueue", "process"],
+    &["foo", "leader_fence", "shard", "workqueue", "process"],
     &["constants"],
 ];
 

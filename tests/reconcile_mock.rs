@@ -514,7 +514,7 @@ async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until
         StatusCode::FORBIDDEN,
         "Forbidden",
         "ValidatingAdmissionPolicy 'sample-controller-leader-fence' with binding 'sample-controller-leader-fence' \
-         denied request: pod a does not hold the Lease sample-controller/sample-controller (held by b_2a)",
+         denied request: pod a does not hold the Lease sample-controller/sample-controller (its LeaderFence names b_2a)",
     );
     let scenario = vec![
         expect(Method::GET, DEPLOYMENTS).reply(StatusCode::OK, list),

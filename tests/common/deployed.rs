@@ -26,9 +26,7 @@ pub const DEPLOY_LEASE: &str = "sample-controller";
 /// know it.
 pub const DEPLOY_USER: &str = "system:serviceaccount:sample-controller:sample-controller";
 /// The leader fence's binding: what a user without --leader-elect deletes
-/// (docs/install.md). No test on a plane may need the fence after one deleted it:
-/// applied again, the API server's view of the Lease can stay frozen
-/// (docs/design.md, "The leader fence").
+/// (docs/install.md), and applies again to go back to two replicas.
 pub const FENCE_BINDING: &str = "deploy/12-leader-fence-binding.yaml";
 /// Whether a replica leads on deploy/'s Lease, as its metrics say.
 pub const DEPLOY_LEADER_SERIES: &str = "leader_election_master_status{name=\"sample-controller\"}";
@@ -39,6 +37,7 @@ const POD_SELECTOR: &str = "app.kubernetes.io/name=sample-controller";
 /// done.
 pub async fn install_deploy() -> Vec<Pod> {
     kubectl_ok(&["apply", "-f", "deploy/"]);
+    kubectl_ok(&["wait", "--for=condition=established", "crd/leaderfences.samplecontroller.k8s.io", "--timeout=60s"]);
     kubectl_ok(&["rollout", "status", "deployment/sample-controller", "-n", DEPLOY_NS, "--timeout=180s"]);
     deploy_pods().await
 }
@@ -105,9 +104,9 @@ pub async fn spawn_replica(ns: &str, pod: &Pod, lease_duration: Duration) -> Ope
     start_logged(cmd, &format!("{ns}-{name}")).await
 }
 
-/// deploy/'s Lease, absent while this lives and once it is dropped: a
-/// test's replicas start without an earlier holder's to wait out, and
-/// leave none to the next.
+/// deploy/'s Lease and its LeaderFence, absent while this lives and once it
+/// is dropped: a test's replicas start without an earlier holder's to wait
+/// out, and leave none to the next.
 pub struct FreshLease;
 
 impl FreshLease {
@@ -125,6 +124,17 @@ impl Drop for FreshLease {
 
 fn delete_deploy_lease() {
     kubectl(&["delete", "lease", DEPLOY_LEASE, "-n", DEPLOY_NS, "--ignore-not-found"]);
+    kubectl(&["delete", "leaderfences.samplecontroller.k8s.io", DEPLOY_LEASE, "-n", DEPLOY_NS, "--ignore-not-found"]);
+}
+
+/// `kubectl apply -f` of a file of deploy/ when dropped: what a test
+/// deleted, put back for the tests after it, whichever way it ends.
+pub struct ApplyOnDrop(pub &'static str);
+
+impl Drop for ApplyOnDrop {
+    fn drop(&mut self) {
+        kubectl(&["apply", "-f", self.0]);
+    }
 }
 
 /// deploy/'s Lease as it is now.

@@ -1,0 +1,317 @@
+//! `sample-controller check`: a preflight of the cluster the operator is
+//! pointed at, as `flux check --pre` or `cmctl check api` give their users.
+//! One line per check, `ok` or `FAIL` with what to do, and a non-zero exit
+//! on any failure:
+//! - the Kubernetes minor against the supported ones;
+//! - the installed Foo CRD against this binary's;
+//! - what the operator's ServiceAccount may do against what it needs
+//!   (SubjectAccessReviews, which the operator's own ClusterRole allows);
+//! - whether the API server serves streaming lists (`--streaming-lists`);
+//! - whether the API server's leader fence follows the Lease: its policy
+//!   reads a LeaderFence, and the LeaderFence names the Lease's holder.
+
+use std::fmt;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::admissionregistration::v1::{ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding};
+use k8s_openapi::api::authorization::v1::{ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::{Client, CustomResourceExt, Resource};
+use serde_json::Value;
+
+use crate::constants::FENCE_POLICY;
+use crate::foo::Foo;
+use crate::leader_fence::LeaderFence;
+
+/// The Kubernetes minors this release supports (docs/install.md, "Supported
+/// Kubernetes versions").
+pub const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 35..=37;
+
+/// Where the check looks: the operator's ServiceAccount, the namespace it
+/// watches (`None`: all), and its Lease.
+#[derive(Clone, Debug)]
+pub struct Target {
+    pub service_account: (String, String),
+    pub namespace: Option<String>,
+    pub lease: (String, String),
+}
+
+/// One check's verdict.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Verdict {
+    pub name: &'static str,
+    pub ok: bool,
+    pub detail: String,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:<4}  {}: {}", if self.ok { "ok" } else { "FAIL" }, self.name, self.detail)
+    }
+}
+
+fn verdict(name: &'static str, result: Result<String, String>) -> Verdict {
+    match result {
+        Ok(detail) => Verdict { name, ok: true, detail },
+        Err(detail) => Verdict { name, ok: false, detail },
+    }
+}
+
+/// Every check, in order; each runs whatever the others found.
+pub async fn run(client: &Client, target: &Target) -> Vec<Verdict> {
+    vec![
+        verdict("Kubernetes version", version(client).await),
+        verdict("Foo CRD", crd(client).await),
+        verdict("RBAC", rbac(client, target).await),
+        verdict("streaming lists", streaming_lists(client, target).await),
+        verdict("leader fence", fence(client, target).await),
+    ]
+}
+
+async fn version(client: &Client) -> Result<String, String> {
+    let info = client.apiserver_version().await.map_err(|e| format!("cannot read /version: {e}"))?;
+    let minor: u32 =
+        info.minor.trim_end_matches('+').parse().map_err(|_| format!("unreadable minor {:?}", info.minor))?;
+    let (low, high) = (SUPPORTED_MINORS.start(), SUPPORTED_MINORS.end());
+    if info.major == "1" && SUPPORTED_MINORS.contains(&minor) {
+        Ok(format!("{} (supported: 1.{low} to 1.{high})", info.git_version))
+    } else {
+        Err(format!("{} is not supported (1.{low} to 1.{high})", info.git_version))
+    }
+}
+
+async fn crd(client: &Client) -> Result<String, String> {
+    let ours = Foo::crd();
+    let name = ours.metadata.name.clone().unwrap_or_default();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    let installed = crds.get_opt(&name).await.map_err(|e| format!("cannot read {name}: {e}"))?;
+    let installed = installed.ok_or_else(|| format!("{name} is not installed: kubectl apply -f crds/"))?;
+    let (want, have) = (json(&ours.spec), json(&installed.spec));
+    match first_difference(&want, &have, "spec") {
+        None => Ok(format!("{name} matches this binary's")),
+        Some(path) => Err(format!("{name} differs from this binary's at {path}: kubectl apply -f crds/")),
+    }
+}
+
+fn json(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).unwrap_or_default()
+}
+
+/// The first path at which `want` is not in `have`: every field `want` sets
+/// must be there with the same value (the API server adds defaults, which
+/// are not differences); lists must match item by item.
+pub fn first_difference(want: &Value, have: &Value, path: &str) -> Option<String> {
+    match (want, have) {
+        (Value::Object(w), Value::Object(h)) => w.iter().find_map(|(key, value)| {
+            first_difference(value, h.get(key).unwrap_or(&Value::Null), &format!("{path}.{key}"))
+        }),
+        (Value::Array(w), Value::Array(h)) if w.len() == h.len() => {
+            w.iter().zip(h).enumerate().find_map(|(i, (w, h))| first_difference(w, h, &format!("{path}[{i}]")))
+        }
+        (w, h) if w == h => None,
+        _ => Some(path.to_owned()),
+    }
+}
+
+/// What the operator does with the API, as deploy/'s RBAC grants it: (verb,
+/// group, resource, subresource) in the namespaces it watches, then in the
+/// Lease's namespace, then cluster-scoped.
+const WATCHED: &[(&str, &str, &str, &str)] = &[
+    ("list", "samplecontroller.k8s.io", "foos", ""),
+    ("watch", "samplecontroller.k8s.io", "foos", ""),
+    ("patch", "samplecontroller.k8s.io", "foos", "status"),
+    ("update", "samplecontroller.k8s.io", "foos", "finalizers"),
+    ("get", "apps", "deployments", ""),
+    ("list", "apps", "deployments", ""),
+    ("watch", "apps", "deployments", ""),
+    ("create", "apps", "deployments", ""),
+    ("patch", "apps", "deployments", ""),
+    ("delete", "apps", "deployments", ""),
+    ("create", "events.k8s.io", "events", ""),
+    ("patch", "events.k8s.io", "events", ""),
+];
+const LEADER_ELECTION: &[(&str, &str, &str, &str)] = &[
+    ("get", "coordination.k8s.io", "leases", ""),
+    ("list", "coordination.k8s.io", "leases", ""),
+    ("watch", "coordination.k8s.io", "leases", ""),
+    ("create", "coordination.k8s.io", "leases", ""),
+    ("update", "coordination.k8s.io", "leases", ""),
+    ("get", "samplecontroller.k8s.io", "leaderfences", ""),
+    ("create", "samplecontroller.k8s.io", "leaderfences", ""),
+    ("update", "samplecontroller.k8s.io", "leaderfences", ""),
+];
+const CLUSTER: &[(&str, &str, &str, &str)] = &[
+    ("create", "authentication.k8s.io", "tokenreviews", ""),
+    ("create", "authorization.k8s.io", "subjectaccessreviews", ""),
+];
+
+async fn rbac(client: &Client, target: &Target) -> Result<String, String> {
+    let (sa_ns, sa) = &target.service_account;
+    let user = format!("system:serviceaccount:{sa_ns}:{sa}");
+    let groups =
+        vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{sa_ns}"), "system:authenticated".into()];
+    let watched = target.namespace.clone().unwrap_or_default();
+    let needs = WATCHED
+        .iter()
+        .map(|n| (n, watched.as_str()))
+        .chain(LEADER_ELECTION.iter().map(|n| (n, target.lease.0.as_str())))
+        .chain(CLUSTER.iter().map(|n| (n, "")));
+    let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
+    let mut missing = Vec::new();
+    let mut count = 0;
+    for (&(verb, group, resource, subresource), namespace) in needs {
+        count += 1;
+        let review = SubjectAccessReview {
+            spec: SubjectAccessReviewSpec {
+                user: Some(user.clone()),
+                groups: Some(groups.clone()),
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(verb.into()),
+                    group: Some(group.into()),
+                    resource: Some(resource.into()),
+                    subresource: (!subresource.is_empty()).then(|| subresource.into()),
+                    namespace: (!namespace.is_empty()).then(|| namespace.into()),
+                    ..ResourceAttributes::default()
+                }),
+                ..SubjectAccessReviewSpec::default()
+            },
+            ..SubjectAccessReview::default()
+        };
+        let answer = reviews
+            .create(&PostParams::default(), &review)
+            .await
+            .map_err(|e| format!("cannot review {user}'s access: {e}"))?;
+        if !answer.status.is_some_and(|s| s.allowed) {
+            let sub = if subresource.is_empty() { String::new() } else { format!("/{subresource}") };
+            let at = if namespace.is_empty() { "cluster-wide".to_owned() } else { format!("in {namespace}") };
+            missing.push(format!("{verb} {resource}{sub}.{group} {at}"));
+        }
+    }
+    if missing.is_empty() {
+        Ok(format!("{user} may do all {count} things the operator does"))
+    } else {
+        Err(format!("{user} may not: {}; apply deploy/'s RBAC (02, 03, 04)", missing.join(", ")))
+    }
+}
+
+async fn streaming_lists(client: &Client, target: &Target) -> Result<String, String> {
+    // As the operator's watcher asks (resource version "0"), for one Foo
+    // name that cannot exist: no initial events, then the bookmark that
+    // ends them, or the refusal.
+    let foos: Api<Foo> = match &target.namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    let wp = WatchParams::streaming_lists().fields("metadata.name=sample-controller-check.invalid").timeout(10);
+    let mut events = foos.watch(&wp, "0").await.map_err(|e| streaming_refused(&e))?.boxed();
+    match tokio::time::timeout(Duration::from_secs(15), events.next()).await {
+        Ok(Some(Ok(WatchEvent::Bookmark(b))))
+            if b.metadata.annotations.get(INITIAL_EVENTS_END).is_some_and(|v| v == "true") =>
+        {
+            Ok("served: --streaming-lists works here".into())
+        }
+        Ok(Some(Ok(WatchEvent::Error(e)))) => Err(not_served(&e.message)),
+        Ok(Some(Err(e))) => Err(streaming_refused(&e)),
+        Ok(Some(Ok(_)) | None) => Err(not_served("the watch did not end its initial events with a bookmark")),
+        Err(_) => Err("no answer within 15 s to a streaming list: cannot tell".into()),
+    }
+}
+
+/// The annotation of the bookmark that ends a streaming list's initial
+/// events.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// A watch that failed: not served when the API server says it does not
+/// serve `sendInitialEvents`, else what failed.
+fn streaming_refused(e: &kube::Error) -> String {
+    match e {
+        kube::Error::Api(s) if s.code == 403 => format!("may not watch Foos ({}): cannot tell", s.message),
+        kube::Error::Api(s) if s.code == 400 || s.code == 422 => not_served(&s.message),
+        e => format!("cannot tell: {e}"),
+    }
+}
+
+fn not_served(why: &str) -> String {
+    format!(
+        "not served ({why}): keep --streaming-lists off (deploy/ turns it on; docs/operations.md, \"Pods never become Ready with --streaming-lists\")"
+    )
+}
+
+async fn fence(client: &Client, target: &Target) -> Result<String, String> {
+    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+    let read = |e: kube::Error| format!("cannot read the fence: {e}");
+    let Some(policy) = policies.get_opt(FENCE_POLICY).await.map_err(read)? else {
+        return Ok("not installed (the operator's own fence stands alone)".into());
+    };
+    let kind = policy.spec.as_ref().and_then(|s| s.param_kind.as_ref());
+    let (api_version, kind) = kind
+        .map(|k| (k.api_version.clone().unwrap_or_default(), k.kind.clone().unwrap_or_default()))
+        .unwrap_or_default();
+    if api_version != LeaderFence::api_version(&()) || kind != LeaderFence::kind(&()) {
+        return Err(format!(
+            "its policy reads a {kind} ({api_version}), which the API server stops reading once a binding goes (Kubernetes issue 130887): kubectl apply -f deploy/"
+        ));
+    }
+    let crd = LeaderFence::crd().metadata.name.unwrap_or_default();
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    if crds.get_opt(&crd).await.map_err(read)?.is_none() {
+        return Err(format!(
+            "its parameter's CRD {crd} is missing, so the policy fails open: kubectl apply -f deploy/"
+        ));
+    }
+    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
+    if bindings.get_opt(FENCE_POLICY).await.map_err(read)?.is_none() {
+        return Ok("installed, but off: no binding (as in one-replica mode)".into());
+    }
+    let (ns, name) = &target.lease;
+    let lease = Api::<Lease>::namespaced(client.clone(), ns).get_opt(name).await.map_err(read)?;
+    let holder = lease.and_then(|l| l.spec?.holder_identity).filter(|h| !h.is_empty());
+    let fences: Api<LeaderFence> = Api::namespaced(client.clone(), ns);
+    let named = fences.get_opt(name).await.map_err(|e| format!("cannot read the LeaderFence {ns}/{name}: {e}"))?;
+    let named = named.as_ref().and_then(LeaderFence::holder).map(str::to_owned);
+    match (holder, named) {
+        (None, _) => Ok(format!("on; no replica holds the Lease {ns}/{name}")),
+        (Some(h), Some(f)) if h == f => Ok(format!("on, and follows the Lease {ns}/{name}: both name {h}")),
+        (Some(h), f) => Err(format!(
+            "the Lease {ns}/{name} names {h}, but its LeaderFence names {}: the leader's writes are refused; its log says why (docs/operations.md, \"The leader fence refuses writes\")",
+            f.as_deref().unwrap_or("nobody")
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_crd_matches_when_the_api_server_only_added_defaults() {
+        let want = json!({ "group": "g", "versions": [{ "name": "v1", "served": true }] });
+        let have = json!({ "group": "g", "conversion": { "strategy": "None" },
+            "versions": [{ "name": "v1", "served": true, "storage": true }] });
+        assert_eq!(first_difference(&want, &have, "spec"), None);
+    }
+
+    #[test]
+    fn a_crd_differs_at_the_first_field_it_changes_or_lacks() {
+        let want = json!({ "versions": [{ "name": "v1", "schema": { "max": 10 } }] });
+        let changed = json!({ "versions": [{ "name": "v1", "schema": { "max": 5 } }] });
+        assert_eq!(first_difference(&want, &changed, "spec").as_deref(), Some("spec.versions[0].schema.max"));
+        let lacking = json!({ "versions": [{ "name": "v1" }] });
+        assert_eq!(first_difference(&want, &lacking, "spec").as_deref(), Some("spec.versions[0].schema"));
+        let more = json!({ "versions": [{ "name": "v1", "schema": { "max": 10 } }, { "name": "v2" }] });
+        assert_eq!(first_difference(&want, &more, "spec").as_deref(), Some("spec.versions"));
+    }
+
+    #[test]
+    fn a_check_prints_one_line_saying_ok_or_fail() {
+        let ok = verdict("RBAC", Ok("fine".into()));
+        let failed = verdict("Foo CRD", Err("not installed".into()));
+        assert_eq!(ok.to_string(), "ok    RBAC: fine");
+        assert_eq!(failed.to_string(), "FAIL  Foo CRD: not installed");
+        assert!(ok.ok && !failed.ok);
+    }
+}
