@@ -175,8 +175,12 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -
     metrics.set_leader(&lease, false);
     tokio::select! {
         _ = elector.acquire() => {}
-        // Shut down while standing by.
-        _ = &mut controller => return Ok(()),
+        // Shut down while standing by, or just after taking the Lease
+        // (claiming the fence): then it is handed over at once.
+        _ = &mut controller => {
+            elector.release().await;
+            return Ok(());
+        }
     }
     metrics.set_leader(&lease, true);
     // Once the API server's fence names this replica (at once, unless its
