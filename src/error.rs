@@ -83,7 +83,7 @@ impl SyncError {
     /// True for a write the API server's leader fence refused: its view of
     /// the Lease names no holder or another pod, or the request's token names
     /// no pod (HTTP 403; 422 for a binding changed to
-    /// `parameterNotFoundAction: Deny` that finds no Lease).
+    /// `parameterNotFoundAction: Deny` that finds no LeaderFence).
     pub fn is_fence_refusal(&self) -> bool {
         matches!(self, SyncError::Api { source: kube::Error::Api(s), .. }
             if (s.code == 403 || s.code == 422) && s.message.contains(&format!("ValidatingAdmissionPolicy '{FENCE_POLICY}'")))

@@ -76,9 +76,12 @@ pub struct Fence {
     valid_until: Mutex<Option<Instant>>,
     in_doubt: AtomicBool,
     check_now: Notify,
-    /// Since when the API server's fence has refused this leader's writes
-    /// (or it could not claim the fence), none admitted since.
+    /// Since when the API server's fence has refused this leader's writes,
+    /// none admitted since.
     refusals: Mutex<Option<Refusals>>,
+    /// Since when this leader has failed to claim the API server's fence,
+    /// until a renewal claims it.
+    unclaimed_since: Mutex<Option<Instant>>,
     /// Woken by each renewal: [`Fence::held`].
     renewals: Notify,
     /// The Lease's duration: a refusal that lasts longer is no lag of the
@@ -128,17 +131,19 @@ impl Fence {
         *self.refusals.lock() = None;
     }
 
-    /// How long the API server's fence has refused this replica's writes
-    /// (or it could not claim the fence), none admitted since; zero when it
-    /// is not refusing. A refused Foo is retried at least every
+    /// How long the API server's fence has refused this replica's writes,
+    /// none admitted since, or this leader has failed to claim the fence,
+    /// whichever is longer; zero when neither. A refused Foo is retried at least every
     /// [`BACKOFF_MAX`]: no refusal for longer than that (and a lease
     /// duration) means none is being refused any more, though no write was
     /// admitted (the refused Foo needed none after all, or went).
     pub fn refused_for(&self) -> Duration {
-        match *self.refusals.lock() {
+        let refused = match *self.refusals.lock() {
             Some(r) if r.last.elapsed() <= BACKOFF_MAX + self.lease_duration => r.since.elapsed(),
             _ => Duration::ZERO,
-        }
+        };
+        let unclaimed = self.unclaimed_since.lock().map_or(Duration::ZERO, |since| since.elapsed());
+        refused.max(unclaimed)
     }
 
     fn refused(&self) {
@@ -170,12 +175,13 @@ impl Fence {
     /// start only once a renewal has claimed it ([`Fence::held`]); one in
     /// doubt after a refusal stays so.
     fn unclaimed(&self) {
-        self.refused();
+        self.unclaimed_since.lock().get_or_insert_with(Instant::now);
     }
 
     fn renewed(&self, attempt: Instant, deadline: Duration) {
         *self.valid_until.lock() = Some(attempt + deadline);
         self.in_doubt.store(false, Ordering::Release);
+        *self.unclaimed_since.lock() = None;
         self.renewals.notify_waiters();
     }
 
@@ -183,6 +189,7 @@ impl Fence {
     fn revoke(&self) {
         *self.valid_until.lock() = None;
         *self.refusals.lock() = None;
+        *self.unclaimed_since.lock() = None;
     }
 }
 
@@ -458,7 +465,7 @@ impl Elector {
                 true
             }
             Err(kube::Error::Api(s)) if s.code == 403 => {
-                warn!(fence = %name, error = %s.message, "may not write the LeaderFence: if the API server's leader fence is bound, it will refuse this replica's writes");
+                warn!(fence = %name, error = %s.message, "may not write the LeaderFence: if the API server's leader fence is bound, it stays open while no LeaderFence exists, and refuses this replica's writes while one names another replica");
                 self.claim = Claim::NoFence;
                 true
             }
@@ -814,6 +821,46 @@ mod tests {
         fence.doubt();
         fence.renewed(Instant::now(), Duration::from_secs(10));
         assert!(!fence.in_doubt() && fence.holds(), "a renewal settles the doubt");
+    }
+
+    #[test]
+    fn a_refusal_counts_until_a_write_is_admitted_not_until_the_next_renewal() {
+        let fence = Fence { lease_duration: Duration::from_millis(20), ..Fence::holding_for(Duration::from_secs(10)) };
+        assert_eq!(fence.refused_for(), Duration::ZERO);
+        fence.doubt();
+        std::thread::sleep(Duration::from_millis(30));
+        fence.renewed(Instant::now(), Duration::from_secs(10));
+        fence.doubt();
+        assert!(fence.refused_for() >= Duration::from_millis(30), "counted from the first refusal");
+        assert!(fence.refusal_lasts(), "past a lease duration");
+        fence.admitted();
+        assert_eq!(fence.refused_for(), Duration::ZERO);
+        assert!(!fence.refusal_lasts());
+    }
+
+    #[test]
+    fn a_failed_claim_counts_as_refused_until_a_renewal_claims_the_fence() {
+        let fence = Fence::new();
+        fence.unclaimed();
+        std::thread::sleep(Duration::from_millis(5));
+        assert!(fence.refused_for() >= Duration::from_millis(5));
+        assert!(!fence.holds(), "no write while unclaimed");
+        fence.renewed(Instant::now(), Duration::from_secs(10));
+        assert_eq!(fence.refused_for(), Duration::ZERO, "claimed");
+        assert!(fence.holds());
+    }
+
+    #[tokio::test]
+    async fn the_syncs_wait_for_the_fence_to_hold() {
+        let fence = Arc::new(Fence::new());
+        let waiting = tokio::spawn({
+            let fence = fence.clone();
+            async move { fence.held().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "not before a renewal");
+        fence.renewed(Instant::now(), Duration::from_secs(10));
+        tokio::time::timeout(Duration::from_secs(5), waiting).await.expect("held after the renewal").unwrap();
     }
 
     #[tokio::test(start_paused = true)]
