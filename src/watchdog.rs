@@ -164,6 +164,14 @@ mod tests {
         assert_eq!(waited, Duration::from_secs(120));
     }
 
+    #[test]
+    fn an_edit_of_a_foo_synced_before_waits_from_when_it_is_seen_not_from_the_foos_creation() {
+        let mut edited = foo("old", 2, Some(1));
+        let wall = Timestamp::now();
+        edited.metadata.creation_timestamp = Some(Time(wall - jiff_seconds(3600)));
+        assert_eq!(Backlog::default().tally([&edited], Instant::now(), wall), (1, Duration::ZERO));
+    }
+
     fn jiff_seconds(s: i64) -> k8s_openapi::jiff::SignedDuration {
         k8s_openapi::jiff::SignedDuration::from_secs(s)
     }
