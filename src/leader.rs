@@ -166,8 +166,7 @@ impl Fence {
     /// True once the API server's fence has refused this replica's writes
     /// for longer than a lease duration, none admitted since.
     pub fn refusal_lasts(&self) -> bool {
-        let refused = self.refused_for();
-        !refused.is_zero() && refused > self.lease_duration
+        self.refused_for() > self.lease_duration
     }
 
     /// Holding the Lease, but the API server's fence does not name this
@@ -327,11 +326,7 @@ impl Elector {
             wait = match self.try_acquire().await {
                 Ok(Attempt::Won) => {
                     self.claim = Claim::Pending;
-                    if self.claim_fence(attempt).await {
-                        self.fence.renewed(attempt, self.cfg.renew_deadline);
-                    } else {
-                        self.fence.unclaimed();
-                    }
+                    self.renewed_and_claimed(attempt).await;
                     info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "leading");
                     return;
                 }
@@ -366,12 +361,7 @@ impl Elector {
             match tokio::time::timeout(left, self.renew()).await {
                 Ok(Ok(Renewal::Renewed)) => {
                     last_renew = attempt;
-                    // No write until the API server's fence names us.
-                    if self.claim_fence(attempt).await {
-                        self.fence.renewed(attempt, self.cfg.renew_deadline);
-                    } else {
-                        self.fence.unclaimed();
-                    }
+                    self.renewed_and_claimed(attempt).await;
                 }
                 Ok(Ok(Renewal::Changed)) => {
                     info!(lease = %self.cfg.lease_name, "lease changed under its leader; renewing from the current copy")
@@ -426,6 +416,17 @@ impl Elector {
         match self.api.replace(&self.cfg.lease_name, &post_params(), &lease).await {
             Ok(_) => info!(lease = %self.cfg.lease_name, "lease released"),
             Err(e) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot release lease; it will expire"),
+        }
+    }
+
+    /// After the Lease was taken or renewed at `attempt`: the fence holds
+    /// once the API server's fence names this replica too, and no write is
+    /// made before.
+    async fn renewed_and_claimed(&mut self, attempt: Instant) {
+        if self.claim_fence(attempt).await {
+            self.fence.renewed(attempt, self.cfg.renew_deadline);
+        } else {
+            self.fence.unclaimed();
         }
     }
 
