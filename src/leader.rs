@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::client::post_params;
 use crate::constants::POD_NAME_ENV;
-use crate::leader_fence::LeaderFence;
+use crate::leader_fence::{LeaderFence, no_such_kind};
 use crate::retry::BACKOFF_MAX;
 
 /// Timing and identity of one candidate.
@@ -458,9 +458,7 @@ impl Elector {
                 self.claim = Claim::Written(Box::new(written));
                 true
             }
-            Err(kube::Error::Api(s))
-                if s.code == 404 && s.message.contains("could not find the requested resource") =>
-            {
+            Err(kube::Error::Api(s)) if no_such_kind(&s) => {
                 info!(fence = %name, "no LeaderFence CRD in the cluster: no API server fence to claim");
                 self.claim = Claim::NoFence;
                 true
@@ -773,6 +771,32 @@ mod tests {
         let (service, _handle) =
             tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
         Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn a_leader_of_a_cluster_with_the_foo_crd_alone_claims_no_fence_and_writes() {
+        // `kubectl apply -f crds/` installs the Foo CRD only: the API server
+        // serves samplecontroller.k8s.io but no leaderfences, and answers
+        // the claim with a bare "404 page not found", no Status.
+        let (service, mut handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let server = tokio::spawn(async move {
+            let mut paths = Vec::new();
+            while let Some((request, reply)) = handle.next_request().await {
+                paths.push(request.uri().path().to_owned());
+                let body = kube::client::Body::from(b"404 page not found\n".to_vec());
+                reply.send_response(http::Response::builder().status(404).body(body).unwrap());
+            }
+            paths
+        });
+        let mut e = Elector::new(Client::new(service, "default"), config("me"));
+        assert!(e.claim_fence(Instant::now()).await, "nothing to claim: the leader writes");
+        assert!(matches!(e.claim, Claim::NoFence));
+        assert!(e.claim_fence(Instant::now()).await, "and it asks no more");
+        drop(e);
+        let paths = server.await.unwrap();
+        assert!(paths.iter().all(|p| p.ends_with("/leaderfences/l") || p.ends_with("/leaderfences")), "{paths:?}");
+        assert!(!paths.is_empty() && paths.len() <= 2, "one claim's requests, not one per renewal: {paths:?}");
     }
 
     fn spec(lease: &Lease) -> LeaseSpec {

@@ -13,6 +13,7 @@
 //! read through an informer of its own, started again with each binding.
 
 use kube::CustomResource;
+use kube::core::Status;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -61,9 +62,43 @@ impl LeaderFence {
     }
 }
 
+/// True when the API server answered that it serves no LeaderFences at all
+/// (no CRD installed: `kubectl apply -f crds/` installs the Foo's alone), not
+/// that one LeaderFence is missing. Two shapes, by whether the group is
+/// served: without it, a Status "the server could not find the requested
+/// resource"; with it (the Foo CRD serves samplecontroller.k8s.io), a bare
+/// "404 page not found" that is no Status at all, which kube reports with
+/// its own reason. A missing object is a Status of reason NotFound that
+/// names it.
+pub fn no_such_kind(status: &Status) -> bool {
+    status.code == 404
+        && (status.message.contains("could not find the requested resource") || status.reason != "NotFound")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn status_404(message: &str, reason: &str) -> Status {
+        Status::failure(message, reason).with_code(404)
+    }
+
+    #[test]
+    fn no_crd_reads_as_no_fence_whether_or_not_the_foo_crd_serves_the_group() {
+        let group_missing = status_404("the server could not find the requested resource", "NotFound");
+        assert!(no_such_kind(&group_missing));
+        let group_served = status_404("404 page not found", "Failed to parse error data");
+        assert!(no_such_kind(&group_served), "the Foo CRD alone installed: the API server's plain 404");
+    }
+
+    #[test]
+    fn a_missing_leader_fence_object_is_not_a_missing_crd() {
+        let object_missing =
+            status_404(r#"leaderfences.samplecontroller.k8s.io "sample-controller" not found"#, "NotFound");
+        assert!(!no_such_kind(&object_missing));
+        let forbidden = Status::failure("forbidden", "Forbidden").with_code(403);
+        assert!(!no_such_kind(&forbidden));
+    }
 
     #[test]
     fn a_claim_keeps_the_resource_version_it_read_so_the_write_is_conditional() {
