@@ -19,6 +19,13 @@ namespace); every request counts once (by auditID), whatever its verb.
                                                one line per verb and resource
   audit.py curve LOG UA NS                     seconds from UA's first request in NS
                                                to each Foo's first status write, sorted
+  audit.py edits LOG EDITOR UA NS FROM READY N TIMEOUT
+                                               wait until each of the N Foos EDITOR
+                                               patched in NS after FROM had its
+                                               Deployment (named as the Foo) written
+                                               by UA; print p50, p99 and max seconds
+                                               from the edit or READY, the later, to
+                                               the write, then the same from the edit
   audit.py records LOG UA NS USER              every request so far, one JSON line each
                                                (user, pod, at, verb, resource, subresource,
                                                name, code); by User-Agent start, namespace
@@ -29,6 +36,7 @@ namespace); every request counts once (by auditID), whatever its verb.
 """
 import datetime
 import json
+import math
 import sys
 import time
 
@@ -97,7 +105,9 @@ def status_write(e, ua, ns, first):
     received = ts(e["requestReceivedTimestamp"])
     first = received if first is None else min(first, received)
     ref = e.get("objectRef") or {}
-    wrote = e["verb"] == "patch" and ref.get("subresource") == "status" and ok(e)
+    # A patch (ours: a server-side apply) or an update (controller-runtime's
+    # Status().Update).
+    wrote = e["verb"] in ("patch", "update") and ref.get("subresource") == "status" and ok(e)
     return first, ref.get("name") if wrote else None
 
 
@@ -244,6 +254,37 @@ def svg(out, title, series):
     return 0
 
 
+def quantiles(values):
+    values = sorted(values)
+    pick = lambda q: values[max(0, math.ceil(len(values) * q) - 1)]
+    return f"{pick(0.5):.3f} {pick(0.99):.3f} {values[-1]:.3f}"
+
+
+def edits(path, editor, ua, ns, start, ready, n, timeout):
+    """Edit latency from the audit log alone: each Foo EDITOR patched, to the
+    first write UA made of its Deployment after that patch."""
+    log, edited, applied, deadline = Log(path), {}, {}, time.time() + timeout
+    while time.time() < deadline:
+        for e in log.new_requests(containing=ns):
+            ref, at = e.get("objectRef") or {}, ts(e["requestReceivedTimestamp"])
+            if at < start or not ok(e) or ref.get("namespace") != ns:
+                continue
+            name = ref.get("name")
+            if matches(e, editor) and e["verb"] == "patch" and resource(e) == "foos":
+                edited.setdefault(name, at)
+            elif (matches(e, ua) and e["verb"] in WRITES and resource(e) == "deployments"
+                  and name in edited and name not in applied):
+                applied[name] = ts(e["stageTimestamp"])
+        if len(edited) >= n and all(name in applied for name in edited):
+            print(quantiles([applied[f] - max(t, ready) for f, t in edited.items()]),
+                  quantiles([applied[f] - t for f, t in edited.items()]))
+            return 0
+        time.sleep(0.2)
+    missing = sorted(set(edited) - set(applied))
+    print(f"{len(edited)} edits seen, not applied in {timeout}s: {missing}", file=sys.stderr)
+    return 1
+
+
 def records(path, ua, ns, user):
     any_ = lambda v: v in ("-", "")
     hint = user if not any_(user) else ua if not any_(ua) else None
@@ -279,6 +320,8 @@ def main(argv):
         return count(args[0], args[1], args[2], float(args[3]), float(args[4]))
     if cmd == "curve":
         return curve(args[0], args[1], args[2])
+    if cmd == "edits":
+        return edits(*args[:4], float(args[4]), float(args[5]), int(args[6]), float(args[7]))
     if cmd == "records":
         return records(*argv[2:6])
     if cmd == "svg":

@@ -1,0 +1,246 @@
+#!/usr/bin/env bash
+# The peer benchmark (MODE=peers hack/bench.sh): this operator beside the
+# operator a user would otherwise scaffold, the controller-runtime reference
+# (hack/tools/controller-runtime, built from its Go module like the plane),
+# and beside the floor holding the controller's two watches (benches/floor.rs,
+# the limit a controller can reach), on the benchmark plane. Every request is
+# counted from the API server's audit log by User-Agent. Prints numbers;
+# asserts nothing; not part of the tests.
+#
+#   MODE=peers hack/bench.sh                     # N=10000 Foos, RUNS=2
+#   MODE=peers N=100000 RUNS=1 hack/bench.sh
+#
+#  1. RUNS rounds, who goes first alternating from round to round: for each
+#     client, N Foos created in a namespace of its own, then the client
+#     started (both operators with --workers WORKERS / MaxConcurrentReconciles,
+#     scoped to that namespace): time to converge (every Foo has its
+#     Deployment and a status), and each round's ratio to the watching
+#     floor's; requests until it is quiet; resident memory once quiet and
+#     its peak. In the last round, each operator then sits through a WINDOW
+#     with nothing to do (its requests counted) and EDITS spec.replicas
+#     edits timed from a watch (benches/edit_latency.rs).
+#  2. Restart: each operator started cold on the Foos it converged, with
+#     STORM_EDITS edits made by kubectl, one every SPREAD/STORM_EDITS
+#     seconds from its start. From each edit, or from the caches being
+#     ready if that is later (the operator's log), to its Deployment's
+#     write (the audit log): p50, p99, max.
+#  3. Failover: a leader and a standby of each operator, leader election on
+#     and the Lease released on SIGTERM; once the standby is ready, the
+#     leader is stopped and the same edits are made from then. From each
+#     edit, or from the standby's taking the Lease if that is later (its
+#     log), to its Deployment's write.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
+N="${N:-10000}"
+RUNS="${RUNS:-2}"
+WINDOW="${WINDOW:-60}"
+EDITS="${EDITS:-20}"
+STORM_EDITS="${STORM_EDITS:-20}"
+SPREAD="${SPREAD:-10}"
+WORKERS="${WORKERS:-16}"
+SCALE="${SCALE:-$(( N >= 5000 ))}"
+CR_REFERENCE="$CACHE_ROOT/reference/controller-runtime-reference"
+OPERATORS=(ours controller-runtime)
+declare -A UA_OF=([ours]="$UA" [controller-runtime]="controller-runtime-reference/" [wfloor]="sample-controller-floor/")
+# The log lines that say an operator's caches are ready (its syncs start),
+# and that it took the Lease.
+declare -A READY_LINE=([ours]="caches synced" [controller-runtime]="Starting workers")
+declare -A LEADING_LINE=([ours]="leading" [controller-runtime]="Successfully acquired lease")
+EDITOR_UA="kubectl/"
+code=(src benches Cargo.toml Cargo.lock hack/tools/controller-runtime)
+build=$(git log -1 --format=%h -- "${code[@]}")
+git diff --quiet HEAD -- "${code[@]}" || build+=-modified
+
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; hack/local-down.sh' EXIT
+bench_plane "$SCALE"
+log "controller-runtime reference build"
+mkdir -p "$(dirname "$CR_REFERENCE")"
+(cd hack/tools/controller-runtime && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$CR_REFERENCE" .)
+cargo bench --locked --quiet --no-run --bench floor --bench edit_latency
+
+start_operator() { # who namespace logfile probe-address [flags...]; sets $cpid
+  local who=$1 ns=$2 out=$3 probe=$4
+  shift 4
+  case $who in
+    ours) "$BIN" --namespace "$ns" --workers "$WORKERS" --log-format json --metrics-bind-address 0 \
+            --health-probe-bind-address "$probe" "$@" > "$out" 2>&1 & ;;
+    controller-runtime) "$CR_REFERENCE" --namespace "$ns" --workers "$WORKERS" \
+            --health-probe-bind-address "$probe" "$@" > "$out" 2>&1 & ;;
+  esac
+  cpid=$!
+  pids+=("$cpid")
+}
+stop_operator() { # pid: as SIGTERM does
+  kill -TERM "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || true
+}
+leader_flags() { # namespace lease
+  echo --leader-elect --leader-election-namespace "$1" --leader-election-id "$2"
+}
+# When a line containing TEXT first shows in a JSON log (ours: an RFC 3339
+# "timestamp"; controller-runtime's zap: "ts" in epoch seconds), in epoch
+# seconds; waits for it up to TIMEOUT seconds.
+log_time() { # file text timeout
+  python3 - "$@" <<'PY'
+import datetime, json, sys, time
+path, text, deadline = sys.argv[1], sys.argv[2], time.time() + float(sys.argv[3])
+while time.time() < deadline:
+    for line in open(path, encoding="utf-8", errors="replace"):
+        if text not in line:
+            continue
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        at = entry.get("ts") or entry.get("timestamp")
+        if isinstance(at, str):
+            at = datetime.datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp()
+        print(f"{at:.6f}")
+        sys.exit(0)
+    time.sleep(0.2)
+sys.exit(f"no {text!r} in {path}")
+PY
+}
+# STORM_EDITS edits of spec.replicas to REPLICAS, foo-100 onwards, one every
+# SPREAD/STORM_EDITS seconds, each by its own kubectl (the audit log times them).
+edit_storm() { # namespace replicas
+  local i gap editors=()
+  gap=$(calc %.3f "$SPREAD / $STORM_EDITS")
+  for i in $(seq 100 $((100 + STORM_EDITS - 1))); do
+    kubectl -n "$1" patch foo "foo-$i" --type merge -p "{\"spec\":{\"replicas\":$2}}" >/dev/null &
+    editors+=($!)
+    sleep "$gap"
+  done
+  wait "${editors[@]}"
+}
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
+declare -A best runs last requests request_lines rss_quiet rss_peak idle idle_lines edit_latency
+record() { # who seconds
+  runs[$1]+="${runs[$1]:+, }${2}s"
+  last[$1]=$2
+  best[$1]=$(least "$2" ${best[$1]:+"${best[$1]}"})
+}
+
+# One client converging N new Foos in its own namespace. The floor runs to
+# its end; an operator is stopped after, except in the last round, where
+# it first sits through the idle window and the edits.
+converge() { # who run
+  local who=$1 run=$2 ns="peer-$1-$2" ua=${UA_OF[$1]} t0 t1 quiet_at
+  log "$who: $N Foos (run $run of $RUNS)"
+  create_foos "$ns" "$N"
+  settle
+  if [[ $who == wfloor ]]; then
+    FLOOR_WATCHES=1 cargo bench --locked --quiet --bench floor -- "$ns" "$WORKERS" >&2
+  else
+    start_operator "$who" "$ns" ".local/peers-$who-$run.log" 0
+  fi
+  read -r t0 t1 < <(audit wait-converged "$ua" "$ns" "$N" 1800)
+  record "$who" "$(elapsed "$t0" "$t1")"
+  audit curve "$ua" "$ns" > ".local/bench-curve-$ns.txt"
+  [[ $who == wfloor ]] && { clear_run "$ns"; return; }
+  quiet_at=$(audit quiet "$ua" 10 1800)
+  mapfile -t counted < <(audit count "$ua" "$ns" "$t0" "$(calc %.3f "$quiet_at + 1")")
+  requests[$who]=${counted[0]}
+  request_lines[$who]=$(printf '    %s\n' "${counted[@]:1}")
+  rss_quiet[$who]=$(rss "$cpid")
+  rss_peak[$who]=$(hwm "$cpid")
+  if (( run == RUNS )); then
+    local from
+    from=$(date +%s.%N)
+    log "$who: idle for ${WINDOW}s"
+    sleep "$WINDOW"
+    mapfile -t counted < <(audit count "$ua" "" "$from" "$(calc %.3f "$from + $WINDOW")")
+    idle[$who]=${counted[0]}
+    idle_lines[$who]=$(printf '    %s\n' "${counted[@]:1}")
+    log "$who: $EDITS edits"
+    edit_latency[$who]=$(cargo bench --locked --quiet --bench edit_latency -- "$ns" "$EDITS")
+  fi
+  stop_operator "$cpid"
+  (( run == RUNS )) || clear_run "$ns"
+}
+clear_run() { # namespace
+  kubectl delete namespace "$1" --timeout=1800s >/dev/null
+  settle
+}
+
+in_turns=()
+for run in $(seq 1 "$RUNS"); do
+  order=(wfloor ours controller-runtime)
+  (( run % 2 )) || order=(controller-runtime ours wfloor)
+  for who in "${order[@]}"; do converge "$who" "$run"; done
+  in_turns+=("$(calc %.2f "${last[ours]} / ${last[wfloor]}")/$(calc %.2f "${last[controller-runtime]} / ${last[wfloor]}")")
+done
+
+declare -A restart_ready restart_edits failover_taken failover_edits
+for who in "${OPERATORS[@]}"; do
+  ns="peer-$who-$RUNS"
+  ua=${UA_OF[$who]}
+  log "$who: a cold start with $STORM_EDITS edits"
+  from=$(date +%s.%N)
+  start_operator "$who" "$ns" ".local/peers-$who-restart.log" 0
+  edit_storm "$ns" 7
+  ready=$(log_time ".local/peers-$who-restart.log" "${READY_LINE[$who]}" 1800)
+  restart_ready[$who]=$(elapsed "$from" "$ready")
+  restart_edits[$who]=$(audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$ready" "$STORM_EDITS" 1800)
+  stop_operator "$cpid"
+
+  log "$who: a failover with $STORM_EDITS edits"
+  lease="peer-failover-$who"
+  # shellcheck disable=SC2046 # leader_flags prints separate flags
+  start_operator "$who" "$ns" ".local/peers-$who-leader.log" 0 $(leader_flags "$ns" "$lease")
+  leader=$cpid
+  log_time ".local/peers-$who-leader.log" "${LEADING_LINE[$who]}" 600 >/dev/null
+  log_time ".local/peers-$who-leader.log" "${READY_LINE[$who]}" 1800 >/dev/null
+  audit quiet "$ua" 5 1800 >/dev/null
+  port=$(free_port)
+  # shellcheck disable=SC2046
+  start_operator "$who" "$ns" ".local/peers-$who-standby.log" "127.0.0.1:$port" $(leader_flags "$ns" "$lease")
+  wait_for "the $who standby ready" 1800 curl -fs "http://127.0.0.1:$port/readyz"
+  from=$(date +%s.%N)
+  stop_operator "$leader" &
+  stopping=$!
+  edit_storm "$ns" 8
+  wait "$stopping"
+  taken=$(log_time ".local/peers-$who-standby.log" "${LEADING_LINE[$who]}" 600)
+  failover_taken[$who]=$(elapsed "$from" "$taken")
+  failover_edits[$who]=$(audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$taken" "$STORM_EDITS" 1800)
+  stop_operator "$cpid"
+done
+
+ms() { # p50 p99 max in seconds -> "p50 X ms, p99 Y ms, max Z ms"
+  awk '{ printf "p50 %.0f ms, p99 %.0f ms, max %.0f ms", $1 * 1000, $2 * 1000, $3 * 1000 }' <<<"$*"
+}
+row() { printf '%-46s %-36s %s\n' "$@"; }
+summary=".local/bench-peers-$build-N$N.txt"
+{
+echo
+echo "peer benchmark (build $build, $(date -u +%F)): N=$N Foos, $WORKERS workers each$( ((SCALE)) && echo ', scale mode (no Deployment/ReplicaSet controllers)')"
+echo
+row "" "sample-controller" "controller-runtime v0.25.2"
+row "converged (best of $RUNS; runs)" "${best[ours]}s (${runs[ours]})" "${best[controller-runtime]}s (${runs[controller-runtime]})"
+row "the floor holding the two watches" "${best[wfloor]}s (runs: ${runs[wfloor]})" ""
+row "  / that floor, round by round" "$(printf '%s ' "${in_turns[@]%/*}")(median $(median "${in_turns[@]%/*}")x)" \
+  "$(printf '%s ' "${in_turns[@]#*/}")(median $(median "${in_turns[@]#*/}")x)"
+row "requests until quiet (per Foo)" "${requests[ours]} ($(calc %.2f "${requests[ours]} / $N"))" \
+  "${requests[controller-runtime]} ($(calc %.2f "${requests[controller-runtime]} / $N"))"
+row "requests in ${WINDOW}s with nothing to do" "${idle[ours]}" "${idle[controller-runtime]}"
+row "RSS once quiet / peak (MiB)" "${rss_quiet[ours]} / ${rss_peak[ours]}" "${rss_quiet[controller-runtime]} / ${rss_peak[controller-runtime]}"
+row "spec.replicas edit -> Deployment ($EDITS, idle)" "${edit_latency[ours]#*: }" "${edit_latency[controller-runtime]#*: }"
+row "cold start: caches ready after" "$(calc %.2f "${restart_ready[ours]}")s" "$(calc %.2f "${restart_ready[controller-runtime]}")s"
+for who in "${OPERATORS[@]}"; do read -r -a r_"${who//-/_}" <<<"${restart_edits[$who]}"; done
+for who in "${OPERATORS[@]}"; do read -r -a f_"${who//-/_}" <<<"${failover_edits[$who]}"; done
+row "  $STORM_EDITS edits -> Deployment, from ready" "$(ms "${r_ours[@]:0:3}")" "$(ms "${r_controller_runtime[@]:0:3}")"
+row "  the same, from the edit" "$(ms "${r_ours[@]:3:3}")" "$(ms "${r_controller_runtime[@]:3:3}")"
+row "failover: Lease taken after the stop" "$(calc %.2f "${failover_taken[ours]}")s" "$(calc %.2f "${failover_taken[controller-runtime]}")s"
+row "  $STORM_EDITS edits -> Deployment, from taken" "$(ms "${f_ours[@]:0:3}")" "$(ms "${f_controller_runtime[@]:0:3}")"
+row "  the same, from the edit" "$(ms "${f_ours[@]:3:3}")" "$(ms "${f_controller_runtime[@]:3:3}")"
+for who in "${OPERATORS[@]}"; do
+  echo
+  echo "$who: requests until quiet, by verb and resource"
+  echo "${request_lines[$who]}"
+  echo "$who: requests in the idle window"
+  echo "${idle_lines[$who]}"
+done
+} | tee "$summary"
