@@ -162,10 +162,12 @@ async fn serve_endpoints(
     Ok(())
 }
 
-/// A hot standby, as controller-runtime's manager: the watches and caches
-/// run on every replica, and only the syncs wait for the Lease (they do
-/// nothing while the fence does not hold). Taking the Lease adopts, then
-/// syncs every cached Foo at once, with no list first.
+/// A hot standby: the watches and caches run on every replica, and only the
+/// syncs wait for the Lease (they do nothing while the fence does not hold).
+/// Taking the Lease adopts, then syncs every cached Foo at once, with no
+/// list first. (controller-runtime's manager, by default, starts its
+/// watches only once it leads: its standby lists everything after taking
+/// the Lease.)
 async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -> Result<(), Error> {
     let (metrics, lease) = (parts.metrics.clone(), elector.lease_name().to_owned());
     let (caches, adoption, fence) = (parts.caches.clone(), parts.adoption.clone(), elector.fence());
