@@ -9,6 +9,7 @@
 #
 #   MODE=peers hack/bench.sh                     # N=10000 Foos, RUNS=2
 #   MODE=peers N=100000 RUNS=1 hack/bench.sh
+#   MODE=peers N=100000 RUNS=1 PEERS=ours WATCHING=0 hack/bench.sh   # ours alone
 #
 #  1. RUNS rounds, who goes first alternating from round to round: for each
 #     client, N Foos created in a namespace of its own, then the client
@@ -42,7 +43,10 @@ SPREAD="${SPREAD:-10}"
 WORKERS="${WORKERS:-16}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 CR_REFERENCE="$CACHE_ROOT/reference/controller-runtime-reference"
-OPERATORS=(ours controller-runtime)
+PEERS="${PEERS:-ours controller-runtime}" # the operators run, in this order
+WATCHING="${WATCHING:-1}" # the floor holding the controller's two watches; 0: none
+read -r -a OPERATORS <<<"$PEERS"
+declare -A NAME_OF=([ours]="sample-controller" [controller-runtime]="controller-runtime v0.25.2")
 declare -A UA_OF=([ours]="$UA" [controller-runtime]="controller-runtime-reference/" [wfloor]="sample-controller-floor/")
 # The log lines that say an operator's caches are ready (its syncs start),
 # and that it took the Lease.
@@ -56,9 +60,11 @@ git diff --quiet HEAD -- "${code[@]}" || build+=-modified
 pids=()
 trap 'kill "${pids[@]}" 2>/dev/null || true; hack/local-down.sh' EXIT
 bench_plane "$SCALE"
-log "controller-runtime reference build"
-mkdir -p "$(dirname "$CR_REFERENCE")"
-(cd hack/tools/controller-runtime && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$CR_REFERENCE" .)
+if [[ " $PEERS " == *" controller-runtime "* ]]; then
+  log "controller-runtime reference build"
+  mkdir -p "$(dirname "$CR_REFERENCE")"
+  (cd hack/tools/controller-runtime && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$CR_REFERENCE" .)
+fi
 cargo bench --locked --quiet --no-run --bench floor --bench edit_latency
 
 start_operator() { # who namespace logfile probe-address [flags...]; sets $cpid
@@ -170,12 +176,19 @@ clear_run() { # namespace
   settle
 }
 
-in_turns=()
+declare -A in_turns # who: its ratios to the watching floor, round by round
 for run in $(seq 1 "$RUNS"); do
-  order=(wfloor ours controller-runtime)
-  (( run % 2 )) || order=(controller-runtime ours wfloor)
-  for who in "${order[@]}"; do converge "$who" "$run"; done
-  in_turns+=("$(calc %.2f "${last[ours]} / ${last[wfloor]}")/$(calc %.2f "${last[controller-runtime]} / ${last[wfloor]}")")
+  order=()
+  (( WATCHING )) && order+=(wfloor)
+  order+=("${OPERATORS[@]}")
+  if (( run % 2 == 0 )); then
+    for ((i = ${#order[@]} - 1; i >= 0; i--)); do converge "${order[i]}" "$run"; done
+  else
+    for who in "${order[@]}"; do converge "$who" "$run"; done
+  fi
+  if (( WATCHING )); then
+    for who in "${OPERATORS[@]}"; do in_turns[$who]+="$(calc %.2f "${last[$who]} / ${last[wfloor]}") "; done
+  fi
 done
 
 declare -A restart_ready restart_edits failover_taken failover_edits
@@ -215,33 +228,50 @@ for who in "${OPERATORS[@]}"; do
 done
 
 # Of 20 edits the p99 is the slowest: p50 and max only.
-ms() { # p50 p99 max in seconds -> "p50 X ms, max Z ms"
-  awk '{ printf "p50 %.0f ms, max %.0f ms", $1 * 1000, $3 * 1000 }' <<<"$*"
+ms() { # "p50 p99 max p50 p99 max" (audit.py edits) offset -> "p50 X ms, max Z ms"
+  awk -v o="$2" '{ printf "p50 %.0f ms, max %.0f ms", $(o + 1) * 1000, $(o + 3) * 1000 }' <<<"$1"
 }
-row() { printf '%-46s %-36s %s\n' "$@"; }
+# One line: a label, then for each operator what CELL (a function of it) prints.
+row() { # label cell
+  local line who
+  line=$(printf '%-46s' "$1")
+  for who in "${OPERATORS[@]}"; do line+=$(printf ' %-36s' "$("$2" "$who")"); done
+  echo "$line"
+}
+name() { echo "${NAME_OF[$1]}"; }
+converged() { echo "${best[$1]}s (${runs[$1]})"; }
+to_floor() { echo "${in_turns[$1]}(median $(median ${in_turns[$1]})x)"; }
+until_quiet() { echo "${requests[$1]} ($(calc %.2f "${requests[$1]} / $N"))"; }
+idle_requests() { echo "${idle[$1]}"; }
+memory() { echo "${rss_quiet[$1]} / ${rss_peak[$1]}"; }
+idle_edit() { echo "${edit_latency[$1]#*: }"; }
+ready_after() { echo "$(calc %.2f "${restart_ready[$1]}")s"; }
+restart_from_ready() { ms "${restart_edits[$1]}" 0; }
+restart_from_edit() { ms "${restart_edits[$1]}" 3; }
+taken_after() { echo "$(calc %.2f "${failover_taken[$1]}")s"; }
+failover_from_taken() { ms "${failover_edits[$1]}" 0; }
+failover_from_edit() { ms "${failover_edits[$1]}" 3; }
 summary=".local/bench-peers-$build-N$N.txt"
 {
 echo
 echo "peer benchmark (build $build, $(date -u +%F)): N=$N Foos, $WORKERS workers each$( ((SCALE)) && echo ', scale mode (no Deployment/ReplicaSet controllers)')"
 echo
-row "" "sample-controller" "controller-runtime v0.25.2"
-row "converged (best of $RUNS; runs)" "${best[ours]}s (${runs[ours]})" "${best[controller-runtime]}s (${runs[controller-runtime]})"
-row "the floor holding the two watches" "${best[wfloor]}s (runs: ${runs[wfloor]})" ""
-row "  / that floor, round by round" "$(printf '%s ' "${in_turns[@]%/*}")(median $(median "${in_turns[@]%/*}")x)" \
-  "$(printf '%s ' "${in_turns[@]#*/}")(median $(median "${in_turns[@]#*/}")x)"
-row "requests until quiet (per Foo)" "${requests[ours]} ($(calc %.2f "${requests[ours]} / $N"))" \
-  "${requests[controller-runtime]} ($(calc %.2f "${requests[controller-runtime]} / $N"))"
-row "requests in ${WINDOW}s with nothing to do" "${idle[ours]}" "${idle[controller-runtime]}"
-row "RSS once quiet / peak (MiB)" "${rss_quiet[ours]} / ${rss_peak[ours]}" "${rss_quiet[controller-runtime]} / ${rss_peak[controller-runtime]}"
-row "spec.replicas edit -> Deployment ($EDITS, idle)" "${edit_latency[ours]#*: }" "${edit_latency[controller-runtime]#*: }"
-row "cold start: caches ready after" "$(calc %.2f "${restart_ready[ours]}")s" "$(calc %.2f "${restart_ready[controller-runtime]}")s"
-for who in "${OPERATORS[@]}"; do read -r -a r_"${who//-/_}" <<<"${restart_edits[$who]}"; done
-for who in "${OPERATORS[@]}"; do read -r -a f_"${who//-/_}" <<<"${failover_edits[$who]}"; done
-row "  $STORM_EDITS edits -> Deployment, from ready" "$(ms "${r_ours[@]:0:3}")" "$(ms "${r_controller_runtime[@]:0:3}")"
-row "  the same, from the edit" "$(ms "${r_ours[@]:3:3}")" "$(ms "${r_controller_runtime[@]:3:3}")"
-row "failover: Lease taken after the leader exited" "$(calc %.2f "${failover_taken[ours]}")s" "$(calc %.2f "${failover_taken[controller-runtime]}")s"
-row "  $STORM_EDITS edits -> Deployment, from taken" "$(ms "${f_ours[@]:0:3}")" "$(ms "${f_controller_runtime[@]:0:3}")"
-row "  the same, from the edit" "$(ms "${f_ours[@]:3:3}")" "$(ms "${f_controller_runtime[@]:3:3}")"
+row "" name
+row "converged (best of $RUNS; runs)" converged
+if (( WATCHING )); then
+  echo "the floor holding the two watches: ${best[wfloor]}s (runs: ${runs[wfloor]})"
+  row "  / that floor, round by round" to_floor
+fi
+row "requests until quiet (per Foo)" until_quiet
+row "requests in ${WINDOW}s with nothing to do" idle_requests
+row "RSS once quiet / peak (MiB)" memory
+row "spec.replicas edit -> Deployment ($EDITS, idle)" idle_edit
+row "cold start: caches ready after" ready_after
+row "  $STORM_EDITS edits -> Deployment, from ready" restart_from_ready
+row "  the same, from the edit" restart_from_edit
+row "failover: Lease taken after the leader exited" taken_after
+row "  $STORM_EDITS edits -> Deployment, from taken" failover_from_taken
+row "  the same, from the edit" failover_from_edit
 for who in "${OPERATORS[@]}"; do
   echo
   echo "$who: requests until quiet, by verb and resource"
