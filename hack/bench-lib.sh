@@ -50,6 +50,24 @@ settle() { # until the controller-manager has stopped writing
   audit quiet "$KCM_UA" 5 1800 >/dev/null
 }
 
+# Each run starts on an equal plane: without the Deployments of the runs
+# before, and their ReplicaSets and Pods, for the scheduler, kwok and the
+# controller-manager to carry.
+clear_run() { # namespace
+  kubectl delete namespace "$1" --timeout=1800s >/dev/null
+  settle
+}
+
+# A run's time in seconds, kept by what ran: all its runs, the last, the best.
+declare -A best runs last
+record() { # what seconds
+  runs[$1]+="${runs[$1]:+, }${2}s"
+  last[$1]=$2
+  best[$1]=$(least "$2" ${best[$1]:+"${best[$1]}"})
+}
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
+
 # Arithmetic on fractional numbers (bash has integers only), by awk:
 # calc FORMAT EXPRESSION, e.g. calc %.2f "3 / 2".
 calc() { awk "BEGIN { printf \"$1\n\", $2 }"; }

@@ -125,14 +125,7 @@ edit_storm() { # namespace replicas
   done
   wait "${editors[@]}"
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
-
-declare -A best runs last requests request_lines rss_quiet rss_peak idle idle_lines edit_latency
-record() { # who seconds
-  runs[$1]+="${runs[$1]:+, }${2}s"
-  last[$1]=$2
-  best[$1]=$(least "$2" ${best[$1]:+"${best[$1]}"})
-}
+declare -A requests request_lines rss_quiet rss_peak idle idle_lines edit_latency
 
 # One client converging N new Foos in its own namespace. The floor runs to
 # its end; an operator is stopped after, except in the last round, where
@@ -170,10 +163,6 @@ converge() { # who run
   fi
   stop_operator "$cpid"
   (( run == RUNS )) || clear_run "$ns"
-}
-clear_run() { # namespace
-  kubectl delete namespace "$1" --timeout=1800s >/dev/null
-  settle
 }
 
 declare -A in_turns # who: its ratios to the watching floor, round by round

@@ -76,19 +76,6 @@ workers_flag=()
 WORKERS_USED="${WORKERS:-$("$BIN" --help | sed -n 's/.*\[default: \([0-9]*\)\].*/\1/p' | head -n1)}"
 
 
-# Each run starts on an equal plane: without the Deployments of the runs
-# before, and their ReplicaSets and Pods, for the scheduler, kwok and the
-# controller-manager to carry.
-clear_run() { # namespace
-  kubectl delete namespace "$1" --timeout=1800s >/dev/null
-  settle
-}
-declare -A best runs last
-record() { # what seconds
-  runs[$1]+="${runs[$1]:+, }${2}s"
-  last[$1]=$2
-  best[$1]=$(least "$2" ${best[$1]:+"${best[$1]}"})
-}
 floor_run() { # concurrency run [watches: holding the controller's two watches]
   local name="${3:+w}floor-$1" t0 t1
   local ns="$name-$2"
@@ -224,7 +211,7 @@ kind: Lease
 metadata: {name: bench-standby-$mode, namespace: $ns}
 spec: {holderIdentity: bench-holder, leaseDurationSeconds: 36000, renewTime: "$(date -u +%Y-%m-%dT%H:%M:%S.000000Z)"}
 EOF
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  port=$(free_port)
   stream_flag=(); [[ $mode == streaming ]] && stream_flag=(--streaming-lists)
   "$BIN" --namespace "$ns" --leader-elect --leader-election-namespace "$ns" --leader-election-id "bench-standby-$mode" \
     "${stream_flag[@]}" --metrics-bind-address 0 --health-probe-bind-address "127.0.0.1:$port" \
