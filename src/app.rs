@@ -13,6 +13,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
 use crate::adoption::Adoption;
+use crate::backlog::Backlog;
 use crate::cache::Caches;
 use crate::check;
 use crate::cli::{Cli, Command};
@@ -96,10 +97,11 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         shard,
         streaming_lists: cli.streaming_lists,
     };
-    let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
+    let (controller, caches, backlog) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(client::api(&client, settings.namespace.as_deref()), cli.workers.into()));
     let identity = default_identity();
-    let parts = Parts { client: client.clone(), caches, adoption, metrics, instance: identity.clone(), readiness };
+    let parts =
+        Parts { client: client.clone(), caches, backlog, adoption, metrics, instance: identity.clone(), readiness };
     if !cli.leader_elect {
         start_adoption(&parts.caches, &parts.adoption, None);
         run_controller(controller, parts, None).await;
@@ -164,15 +166,15 @@ async fn serve_endpoints(
 
 /// A hot standby: the watches and caches run on every replica, and only the
 /// syncs wait for the Lease (they do nothing while the fence does not hold).
-/// Taking the Lease adopts, then syncs every cached Foo at once, with no
-/// list first. (controller-runtime's manager, by default, starts its
-/// watches only once it leads: its standby lists everything after taking
-/// the Lease.)
+/// Taking the Lease adopts, then syncs every cached Foo, with no list
+/// first: those a change left unobserved at once, the others through the
+/// backlog, so that edits made meanwhile overtake them. (controller-runtime's
+/// manager, by default, starts its watches only once it leads: its standby
+/// lists everything after taking the Lease.)
 async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -> Result<(), Error> {
     let (metrics, lease) = (parts.metrics.clone(), elector.lease_name().to_owned());
-    let (caches, adoption, fence) = (parts.caches.clone(), parts.adoption.clone(), elector.fence());
-    let (took_lease, on_took_lease) = futures::channel::mpsc::unbounded();
-    let controller = controller.reconcile_all_on(on_took_lease);
+    let (caches, backlog, adoption) = (parts.caches.clone(), parts.backlog.clone(), parts.adoption.clone());
+    let fence = elector.fence();
     let mut controller = pin!(run_controller(controller, parts, Some(fence.clone())));
     metrics.set_leader(&lease, false);
     tokio::select! {
@@ -191,7 +193,7 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -
     let start_writing = async {
         fence.held().await;
         start_adoption(&caches, &adoption, Some(fence.clone()));
-        let _ = took_lease.unbounded_send(());
+        backlog.push_all(caches.foos.filter(|_| true));
         std::future::pending::<()>().await
     };
     let result = tokio::select! {
@@ -233,6 +235,8 @@ pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<A
 struct Parts {
     client: Client,
     caches: Caches,
+    /// Where the first syncs wait ([`crate::backlog`]).
+    backlog: Arc<Backlog>,
     adoption: Arc<Adoption>,
     metrics: Arc<Metrics>,
     /// The Events' `reportingInstance`.
@@ -244,7 +248,7 @@ struct Parts {
 /// are filled; then send the Events still queued. If the future is dropped
 /// instead (lost leadership), queued Events are dropped with it.
 async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option<Arc<Fence>>) {
-    let Parts { client, caches, adoption, metrics, instance, readiness } = parts;
+    let Parts { client, caches, backlog, adoption, metrics, instance, readiness } = parts;
     let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), fence.clone());
     let ctx = Arc::new(Context::new(client, caches.clone(), adoption, metrics, Some(instance), fence));
     let synced = tokio::spawn(async move {
@@ -253,7 +257,7 @@ async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option
             readiness.caches_synced();
         }
     });
-    controller::run(controller, ctx.clone()).await;
+    controller::run(controller, ctx.clone(), backlog).await;
     synced.abort();
     watchdog.abort();
     ctx.events.flush(EVENT_FLUSH_GRACE).await;

@@ -13,9 +13,10 @@ use kube::Client;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::utils::Backoff;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use tracing::{debug, info};
 
+use crate::backlog::{Backlog, Lane, first_sync_lane};
 use crate::cache::{Cache, Caches, by_name, trim_deployment, trim_foo};
 use crate::client::api;
 use crate::deployment::{DeploymentView, controlling_foo, managed_selector};
@@ -58,10 +59,16 @@ impl Backoff for EachWatchBacksOff {
     fn reset(&mut self) {}
 }
 
-/// Build the controller and the caches its syncs read: Foos, and the
-/// Deployments labelled as made by it (upstream's informer caches every
-/// Deployment in the cluster; other people's never reach this one).
-pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> (Controller<Foo>, Caches) {
+/// Build the controller, the caches its syncs read, and the backlog its
+/// first syncs wait in (see [`crate::backlog`]; taking the Lease fills it
+/// too). Only the Deployments labelled as made by this controller are
+/// watched: upstream's informer caches every Deployment in the cluster;
+/// other people's never reach this one.
+pub fn build(
+    client: &Client,
+    settings: &Settings,
+    queue: Arc<QueueMetrics>,
+) -> (Controller<Foo>, Caches, Arc<Backlog>) {
     // Paged lists come in pages of 500 (kube-runtime's default); kube sends
     // no resourceVersion=0 with a page size, so they are consistent reads.
     let base = if settings.streaming_lists {
@@ -85,20 +92,31 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
                 let _ = freed.unbounded_send(ObjectRef::from_obj(d));
             }
         });
-    // What triggers a sync, counted as the workqueue's adds. A Foo's own
-    // status write changes its resourceVersion, not its generation: it wakes
-    // no sync (the first sight of each Foo does, and a change of the labels
-    // its Deployment follows: `changed_foos`).
+    // What triggers a sync, counted as the workqueue's adds (the backlog
+    // counts its own). A Foo's own status write changes its resourceVersion,
+    // not its generation: it wakes no sync (the first sight of each Foo
+    // does, and a change of the labels its Deployment follows:
+    // `changed_foos`).
     queue.set_workers(settings.workers.into());
+    let backlog = Arc::new(Backlog::new(settings.workers, queue.clone()));
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
-    let foo_triggers = changed_foos(foos.reflect(foo_writer, foo_events)).inspect(move |foo| {
-        if let Ok(foo) = foo {
-            q1.added(queue_key(&ObjectRef::from_obj(foo)));
-        }
+    let (b1, b2) = (backlog.clone(), backlog.clone());
+    let foo_triggers = changed_foos(foos.reflect(foo_writer, foo_events)).filter_map(move |change| {
+        std::future::ready(match change {
+            Ok((foo, Lane::Later)) => {
+                b1.push(by_name(&foo), Lane::Later);
+                None
+            }
+            Ok((foo, Lane::Now)) => {
+                q1.added(queue_key(&ObjectRef::from_obj(&foo)));
+                Some(Ok(foo))
+            }
+            Err(e) => Some(Err(e)),
+        })
     });
     // Deletions too: a Deployment deleted by hand is put back.
     let owned_triggers =
-        deployments.reflect(deployment_writer, deployment_events).touched_objects().inspect(move |d| {
+        changed_deployments(deployments.reflect(deployment_writer, deployment_events), b2).inspect(move |d| {
             if let Ok(foo) = d.as_ref().map(controlling_foo) {
                 foo.into_iter().for_each(|foo| q2.added(queue_key(&foo)));
             }
@@ -108,9 +126,10 @@ pub fn build(client: &Client, settings: &Settings, queue: Arc<QueueMetrics>) -> 
     let controller = Controller::for_stream(foo_triggers, foos.store())
         .owns_stream(owned_triggers)
         .reconcile_on(freed_triggers)
+        .reconcile_on(backlog.clone().stream())
         .trigger_backoff(EachWatchBacksOff)
         .with_config(ControllerConfig::default().concurrency(settings.workers));
-    (controller, Caches { foos, deployments, shard: shard.clone() })
+    (controller, Caches { foos, deployments, shard: shard.clone() }, backlog)
 }
 
 /// What makes a Foo worth a sync: its identity, its generation, and the
@@ -126,10 +145,11 @@ fn sync_worthy(foo: &Foo) -> u64 {
 /// seen and whenever [`sync_worthy`] changes — kube-runtime's generation
 /// predicate, but one that forgets a Foo the watch deletes (or a relist no
 /// longer holds): a Foo that leaves this shard and comes back is synced
-/// again, where the predicate would remember it for an hour.
+/// again, where the predicate would remember it for an hour. Each with its
+/// lane: a change goes now; a listed Foo by its [`first_sync_lane`].
 pub fn changed_foos(
     events: impl Stream<Item = watcher::Result<watcher::Event<Foo>>> + Send + 'static,
-) -> impl Stream<Item = watcher::Result<Foo>> + Send + 'static {
+) -> impl Stream<Item = watcher::Result<(Foo, Lane)>> + Send + 'static {
     use watcher::Event;
     // During a relist, what it holds goes into a map of its own, which
     // replaces the last at its end: what it no longer holds is forgotten.
@@ -151,14 +171,48 @@ pub fn changed_foos(
                 seen.remove(&by_name(&foo));
                 None
             }
-            Ok(Event::Apply(foo) | Event::InitApply(foo)) => {
-                let (key, now) = (by_name(&foo), sync_worthy(&foo));
-                let before = seen.get(&key).copied();
-                relist.as_mut().unwrap_or(&mut seen).insert(key, now);
-                (before != Some(now)).then_some(Ok(foo))
+            Ok(Event::Apply(foo)) => remember(&mut seen, relist.as_mut(), foo, Lane::Now).map(Ok),
+            Ok(Event::InitApply(foo)) => {
+                let lane = first_sync_lane(&foo);
+                remember(&mut seen, relist.as_mut(), foo, lane).map(Ok)
             }
         };
         std::future::ready(out)
+    })
+}
+
+/// Note what `foo` is worth (into the relist's map while one runs), and
+/// give it back with its lane if that changed.
+fn remember(
+    seen: &mut HashMap<ObjectRef<Foo>, u64>,
+    relist: Option<&mut HashMap<ObjectRef<Foo>, u64>>,
+    foo: Foo,
+    lane: Lane,
+) -> Option<(Foo, Lane)> {
+    let (key, now) = (by_name(&foo), sync_worthy(&foo));
+    let before = seen.get(&key).copied();
+    relist.unwrap_or(seen).insert(key, now);
+    (before != Some(now)).then_some((foo, lane))
+}
+
+/// The Deployment watch's events, as `owns_stream` takes them: a change or
+/// a deletion goes straight in; a listed Deployment (a start, a relist)
+/// sends its Foo to wait in `backlog`, as the Foo's own listing does.
+fn changed_deployments(
+    events: impl Stream<Item = watcher::Result<watcher::Event<DeploymentView>>> + Send + 'static,
+    backlog: Arc<Backlog>,
+) -> impl Stream<Item = watcher::Result<DeploymentView>> + Send + 'static {
+    use watcher::Event;
+    events.filter_map(move |event| {
+        std::future::ready(match event {
+            Err(e) => Some(Err(e)),
+            Ok(Event::Apply(d) | Event::Delete(d)) => Some(Ok(d)),
+            Ok(Event::InitApply(d)) => {
+                controlling_foo(&d).into_iter().for_each(|foo| backlog.push(foo, Lane::Later));
+                None
+            }
+            Ok(Event::Init | Event::InitDone) => None,
+        })
     })
 }
 
@@ -177,14 +231,22 @@ fn waiting_for(
 
 /// Run `controller` until SIGTERM or SIGINT, then let in-flight syncs
 /// finish; a second signal stops waiting for them (kube-runtime's shutdown
-/// handling).
-pub async fn run(controller: Controller<Foo>, ctx: Arc<Context>) {
+/// handling). Each Foo a worker takes leaves `backlog` room for the next.
+pub async fn run(controller: Controller<Foo>, ctx: Arc<Context>, backlog: Arc<Backlog>) {
     let queue = ctx.metrics.queue.clone();
+    let taken = backlog.clone();
     controller
         .shutdown_on_signal()
-        .run(reconcile, error_policy, ctx)
+        .run(
+            move |foo, ctx| {
+                taken.taken(&queue_key(&ObjectRef::from_obj(&*foo)));
+                reconcile(foo, ctx)
+            },
+            error_policy,
+            ctx,
+        )
         .for_each(|outcome| {
-            report(outcome, &queue);
+            report(outcome, &queue, &backlog);
             std::future::ready(())
         })
         .await;
@@ -195,7 +257,7 @@ pub async fn run(controller: Controller<Foo>, ctx: Arc<Context>) {
 type StreamItem = Result<(ObjectRef<Foo>, Action), kube::runtime::controller::Error<SyncError, watcher::Error>>;
 
 /// Log what the controller's stream says, at the level it deserves.
-fn report(outcome: StreamItem, queue: &QueueMetrics) {
+fn report(outcome: StreamItem, queue: &QueueMetrics, backlog: &Backlog) {
     use kube::runtime::controller::Error as ControllerError;
     match outcome {
         Ok((obj, _)) => debug!(foo = %obj, "synced"),
@@ -204,7 +266,9 @@ fn report(outcome: StreamItem, queue: &QueueMetrics) {
         // A Deployment of a deleted Foo went away (the garbage collector at
         // work): nothing to sync, nothing to report.
         Err(ControllerError::ObjectNotFound(obj)) => {
-            queue.forget(&queue_key(&obj));
+            let key = queue_key(&obj);
+            backlog.taken(&key);
+            queue.forget(&key);
             debug!(foo = %obj, "Foo deleted");
         }
         // The watches retry by themselves, with backoff.
@@ -219,8 +283,12 @@ mod tests {
     use watcher::Event;
 
     async fn triggered(events: Vec<Event<Foo>>) -> Vec<String> {
+        lanes(events).await.into_iter().map(|(name, _)| name).collect()
+    }
+
+    async fn lanes(events: Vec<Event<Foo>>) -> Vec<(String, Lane)> {
         let stream = changed_foos(futures::stream::iter(events.into_iter().map(Ok)));
-        stream.map(|foo| foo.unwrap().metadata.name.unwrap()).collect().await
+        stream.map(|change| change.map(|(foo, lane)| (foo.metadata.name.unwrap(), lane)).unwrap()).collect().await
     }
 
     #[tokio::test]
@@ -258,5 +326,35 @@ mod tests {
             Event::Apply(a),
         ];
         assert_eq!(triggered(events).await, ["a", "b", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_listed_foo_in_sync_waits_for_the_backlog_and_a_change_or_an_unsynced_foo_does_not() {
+        let mut synced = Foo::test("synced").generation(2);
+        synced.status = Some(crate::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
+        let edited = synced.clone().generation(3);
+        let events = vec![
+            Event::Init,
+            Event::InitApply(synced.clone()),
+            Event::InitApply(Foo::test("new")),
+            Event::InitDone,
+            Event::Apply(edited),
+        ];
+        let expected = [("synced", Lane::Later), ("new", Lane::Now), ("synced", Lane::Now)];
+        assert_eq!(lanes(events).await, expected.map(|(name, lane)| (name.to_owned(), lane)));
+    }
+
+    #[tokio::test]
+    async fn a_listed_deployment_sends_its_foo_to_the_backlog_and_a_changed_or_deleted_one_goes_now() {
+        use crate::testing::DeploymentFixture;
+        let foo = Foo::test("a");
+        let d = DeploymentView::owned_by(&foo);
+        let backlog = Arc::new(Backlog::new(1, Arc::new(QueueMetrics::default())));
+        let events =
+            [Event::Init, Event::InitApply(d.clone()), Event::InitDone, Event::Apply(d.clone()), Event::Delete(d)];
+        let now = changed_deployments(futures::stream::iter(events.map(Ok)), backlog.clone());
+        assert_eq!(now.collect::<Vec<_>>().await.len(), 2, "the change and the deletion");
+        let waiting: Vec<_> = backlog.stream().take(1).collect().await;
+        assert_eq!(waiting[0].name, "a");
     }
 }

@@ -8,7 +8,8 @@
 //! - the controller: [`controller`] turns watches into syncs, [`sync`]
 //!   carries one out and retries it, [`watchdog`] says when Foos stop
 //!   converging, [`events`] publishes its Events,
-//!   [`cache`] keeps what the watches ([`watch`]) saw, [`adoption`] takes
+//!   [`cache`] keeps what the watches ([`watch`]) saw, [`backlog`] paces
+//!   the first syncs so that changes overtake them, [`adoption`] takes
 //!   over what upstream's controller made, [`leader`] elects the one replica
 //!   that writes and names it in its [`leader_fence`] for the API server;
 //! - the pure core: [`decision`] what a sync does, [`deployment`] the
@@ -20,6 +21,7 @@
 
 pub mod adoption;
 pub mod app;
+pub mod backlog;
 pub mod cache;
 pub mod check;
 pub mod cli;

@@ -16,7 +16,7 @@ const LAYERS: &[&[&str]] = &[
     &["app"],
     &["controller", "check", "go_flags"],
     &["sync", "watchdog", "cli", "http"],
-    &["events", "adoption", "cache", "tls", "metrics_auth"],
+    &["events", "adoption", "cache", "backlog", "tls", "metrics_auth"],
     &["leader", "decision"],
     &["client", "watch", "deployment"],
     &["metrics", "retry", "telemetry", "error"],

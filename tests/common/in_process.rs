@@ -42,11 +42,11 @@ pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u
     let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
     let settings =
         Settings { namespace: namespace.map(str::to_owned), workers, shard: Shard::all(), streaming_lists: false };
-    let (controller, caches) = controller::build(&client, &settings, metrics.queue.clone());
+    let (controller, caches, backlog) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(sample_controller::client::api(&client, namespace), workers.into()));
     let adopting = start_adoption(&caches, &adoption, None);
     let ctx = Context::new(client.clone(), caches, adoption, metrics.clone(), Some("integration-test".into()), None);
-    let task = tokio::spawn(controller::run(controller, Arc::new(ctx)));
+    let task = tokio::spawn(controller::run(controller, Arc::new(ctx), backlog));
     RunningController { tasks: [task, adopting], metrics }
 }
 

@@ -1,0 +1,259 @@
+//! The first syncs, paced. On a start, a relist or taking the Lease, every
+//! Foo is synced once, and nearly all those syncs find nothing to do. Queued
+//! all at once (as kube-runtime's `reconcile_all_on` and a list's triggers
+//! do) they stand in front of whatever changes meanwhile: at 100 000 Foos an
+//! edit made during a start waited up to 1.8 s behind them.
+//!
+//! So a Foo whose status shows its generation observed waits here, and the
+//! backlog lets into the controller's queue only as many as its room at a
+//! time; a change (an edit, a Deployment's event, a Foo never synced) goes
+//! straight in and overtakes them. The backlog drains, first in first out,
+//! as fast as the workers take what it let in, and what it let in queues as
+//! an equal of every other trigger: none waits for ever (the aging that
+//! controller-runtime's priority queue gives its low-priority items).
+
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+
+use futures::Stream;
+use kube::runtime::reflector::ObjectRef;
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use crate::cache::by_name;
+use crate::foo::Foo;
+use crate::workqueue::{Key, QueueMetrics, queue_key};
+
+/// Foos the backlog lets in at a time, per worker: enough that no worker
+/// waits for the next, few enough that a change overtaking them waits
+/// behind little (16 no-op syncs take well under a millisecond).
+pub const ROOM_PER_WORKER: usize = 16;
+
+/// Entries a drained backlog keeps room for; a larger table is let go.
+const KEPT: usize = 64;
+
+/// Which way a Foo's first sync goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// Straight into the controller's queue.
+    Now,
+    /// Through the backlog, behind what changes meanwhile.
+    Later,
+}
+
+/// The lane of a Foo's first sync after a start, a relist or taking the
+/// Lease: later when its status says its generation was observed (it was in
+/// sync when last synced, and most likely still is); now when it was not
+/// (a new Foo, one edited since, or one only upstream's controller synced,
+/// which writes no observedGeneration).
+pub fn first_sync_lane(foo: &Foo) -> Lane {
+    let observed = foo.status.as_ref().and_then(|s| s.observed_generation);
+    match (observed, foo.metadata.generation) {
+        (Some(observed), Some(generation)) if observed == generation => Lane::Later,
+        _ => Lane::Now,
+    }
+}
+
+/// The Foos whose syncs wait for room, and those that do not.
+pub struct Backlog {
+    state: Mutex<State>,
+    /// Something was pushed, or a worker took a Foo the backlog let in.
+    changed: Notify,
+    room: usize,
+    queue: Arc<QueueMetrics>,
+}
+
+#[derive(Default)]
+struct State {
+    now: VecDeque<ObjectRef<Foo>>,
+    later: VecDeque<ObjectRef<Foo>>,
+    /// What `later` holds, so that a Foo waits in it once: a start lists
+    /// it twice, as a Foo and as the owner of its Deployment.
+    waiting: HashSet<ObjectRef<Foo>>,
+    /// Let in from `later`, and not yet taken by a worker.
+    let_in: HashSet<Key>,
+}
+
+impl Backlog {
+    /// A backlog that lets in `workers` × [`ROOM_PER_WORKER`] Foos at a
+    /// time. What it is pushed counts as the workqueue's adds.
+    pub fn new(workers: u16, queue: Arc<QueueMetrics>) -> Self {
+        let room = usize::from(workers.max(1)) * ROOM_PER_WORKER;
+        Backlog { state: Mutex::default(), changed: Notify::new(), room, queue }
+    }
+
+    /// Sync `foo`, by `lane`.
+    pub fn push(&self, foo: ObjectRef<Foo>, lane: Lane) {
+        self.queue.added(queue_key(&foo));
+        self.state.lock().push(foo, lane);
+        self.changed.notify_one();
+    }
+
+    /// Sync every one of `foos` (taking the Lease), each by its
+    /// [`first_sync_lane`].
+    pub fn push_all(&self, foos: impl IntoIterator<Item = Arc<Foo>>) {
+        let mut state = self.state.lock();
+        for foo in foos {
+            let foo_ref = by_name(&*foo);
+            self.queue.added(queue_key(&foo_ref));
+            state.push(foo_ref, first_sync_lane(&foo));
+        }
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// A worker took `key` (or found it deleted): if the backlog let it in,
+    /// that frees room for the next.
+    pub fn taken(&self, key: &str) {
+        if self.state.lock().let_in.remove(key) {
+            self.changed.notify_one();
+        }
+    }
+
+    /// The Foos to sync, as the backlog lets them in; for the controller's
+    /// `reconcile_on`. Never ends.
+    pub fn stream(self: Arc<Self>) -> impl Stream<Item = ObjectRef<Foo>> + Send + 'static {
+        futures::stream::unfold(self, |backlog| async move {
+            loop {
+                // `Notify` keeps a wake-up given while nobody waited, so
+                // one given between this check and the wait is not lost.
+                if let Some(foo) = backlog.next() {
+                    return Some((foo, backlog));
+                }
+                backlog.changed.notified().await;
+            }
+        })
+    }
+
+    fn next(&self) -> Option<ObjectRef<Foo>> {
+        self.state.lock().next(self.room)
+    }
+}
+
+impl State {
+    fn push(&mut self, foo: ObjectRef<Foo>, lane: Lane) {
+        match lane {
+            Lane::Now => self.now.push_back(foo),
+            Lane::Later if self.waiting.insert(foo.clone()) => self.later.push_back(foo),
+            Lane::Later => {}
+        }
+    }
+
+    fn next(&mut self, room: usize) -> Option<ObjectRef<Foo>> {
+        if let Some(foo) = self.now.pop_front() {
+            return Some(foo);
+        }
+        if self.let_in.len() >= room {
+            return None;
+        }
+        let foo = self.later.pop_front()?;
+        self.waiting.remove(&foo);
+        self.let_in.insert(queue_key(&foo));
+        if self.later.is_empty() {
+            self.let_go();
+        }
+        Some(foo)
+    }
+
+    /// A drained backlog gives back what a burst of 100 000 took.
+    fn let_go(&mut self) {
+        if self.later.capacity() > KEPT {
+            self.later.shrink_to(KEPT);
+            self.waiting.shrink_to(KEPT);
+        }
+        if self.now.capacity() > KEPT && self.now.is_empty() {
+            self.now.shrink_to(KEPT);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::FooFixture;
+    use futures::{FutureExt, StreamExt};
+
+    fn in_sync(name: &str) -> Foo {
+        let mut foo = Foo::test(name).generation(2);
+        foo.status = Some(crate::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
+        foo
+    }
+
+    fn names(foos: &[ObjectRef<Foo>]) -> Vec<&str> {
+        foos.iter().map(|f| f.name.as_str()).collect()
+    }
+
+    /// What the stream gives now, without waiting.
+    fn ready(stream: &mut (impl Stream<Item = ObjectRef<Foo>> + Unpin)) -> Vec<ObjectRef<Foo>> {
+        std::iter::from_fn(|| stream.next().now_or_never().flatten()).collect()
+    }
+
+    fn backlog(workers: u16) -> Arc<Backlog> {
+        Arc::new(Backlog::new(workers, Arc::new(QueueMetrics::default())))
+    }
+
+    #[test]
+    fn a_foo_in_sync_when_last_synced_waits_and_a_new_edited_or_upstream_synced_one_does_not() {
+        assert_eq!(first_sync_lane(&in_sync("a")), Lane::Later);
+        let mut edited = in_sync("b");
+        edited.metadata.generation = Some(3);
+        assert_eq!(first_sync_lane(&edited), Lane::Now);
+        assert_eq!(first_sync_lane(&Foo::test("new")), Lane::Now, "no status yet");
+        let mut upstreams = in_sync("c");
+        upstreams.status.as_mut().unwrap().observed_generation = None;
+        assert_eq!(first_sync_lane(&upstreams), Lane::Now, "upstream writes no observedGeneration");
+    }
+
+    #[test]
+    fn a_change_overtakes_the_backlog_which_lets_in_only_its_room() {
+        let backlog = backlog(1);
+        let waiting: Vec<Foo> = (0..ROOM_PER_WORKER + 3).map(|i| in_sync(&format!("foo-{i}"))).collect();
+        backlog.push_all(waiting.into_iter().map(Arc::new));
+        backlog.push(by_name(&Foo::test("edited")), Lane::Now);
+        let mut stream = Box::pin(backlog.clone().stream());
+        let first = ready(&mut stream);
+        assert_eq!(first.len(), 1 + ROOM_PER_WORKER, "the change and one room's worth");
+        assert_eq!(first[0].name, "edited");
+        backlog.push(by_name(&Foo::test("edited-later")), Lane::Now);
+        assert_eq!(names(&ready(&mut stream)), ["edited-later"], "a change needs no room");
+        backlog.taken("default/foo-0");
+        backlog.taken("default/foo-0");
+        backlog.taken("default/edited");
+        assert_eq!(names(&ready(&mut stream)), [format!("foo-{ROOM_PER_WORKER}")], "one taken, one let in");
+    }
+
+    #[test]
+    fn a_foo_listed_twice_waits_once() {
+        let backlog = backlog(1);
+        backlog.push(by_name(&Foo::test("a")), Lane::Later);
+        backlog.push(by_name(&Foo::test("a")), Lane::Later);
+        backlog.push(by_name(&Foo::test("b")), Lane::Later);
+        assert_eq!(names(&ready(&mut Box::pin(backlog.stream()))), ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn the_backlog_drains_while_changes_keep_overtaking_it() {
+        let backlog = backlog(2);
+        let waiting: Vec<Arc<Foo>> = (0..1000).map(|i| Arc::new(in_sync(&format!("foo-{i}")))).collect();
+        backlog.push_all(waiting);
+        let mut stream = Box::pin(backlog.clone().stream());
+        let mut drained = Vec::new();
+        for round in 0.. {
+            backlog.push(by_name(&Foo::test(&format!("edit-{round}"))), Lane::Now);
+            // A worker takes all that is queued, a change among them.
+            let queued = ready(&mut stream);
+            assert!(queued.len() <= 1 + 2 * ROOM_PER_WORKER, "round {round}: {} queued", queued.len());
+            for foo in queued {
+                backlog.taken(&queue_key(&foo));
+                drained.extend(foo.name.starts_with("foo-").then_some(foo.name));
+            }
+            if drained.len() == 1000 {
+                break;
+            }
+            assert!(round < 1000, "the backlog stalled at {}", drained.len());
+        }
+        let in_order: Vec<String> = (0..1000).map(|i| format!("foo-{i}")).collect();
+        assert_eq!(drained, in_order, "first in, first out");
+        assert!(backlog.state.lock().later.capacity() <= KEPT, "a drained backlog lets its table go");
+    }
+}
