@@ -7,9 +7,13 @@
 //! So a Foo whose status shows its generation observed waits here, and the
 //! backlog lets into the controller's queue only as many as its room at a
 //! time; a change (an edit, a Deployment's event, a Foo never synced) goes
-//! straight in and overtakes them. The backlog drains, first in first out,
-//! as fast as the workers take what it let in, and what it let in queues as
-//! an equal of every other trigger: none waits for ever (the aging that
+//! straight in and overtakes them. The room is small because the queue
+//! does not keep order: once every worker is busy, kube-runtime's scheduler
+//! holds what is due in a hash set and takes from it in hash order, so a
+//! change waits behind a share of what the backlog let in, and of what it
+//! lets in while the change waits. The backlog lets Foos in first in first
+//! out, as fast as the workers take them, and what it let in queues as an
+//! equal of every other trigger: none waits for ever (the aging that
 //! controller-runtime's priority queue gives its low-priority items).
 
 use std::collections::{HashSet, VecDeque};
@@ -24,10 +28,11 @@ use crate::cache::by_name;
 use crate::foo::Foo;
 use crate::workqueue::{Key, QueueMetrics, queue_key};
 
-/// Foos the backlog lets in at a time, per worker: enough that no worker
-/// waits for the next, few enough that a change overtaking them waits
-/// behind little (16 no-op syncs take well under a millisecond).
-pub const ROOM_PER_WORKER: usize = 16;
+/// Foos the backlog lets in at a time, per worker: one waiting for each
+/// worker besides the one it runs, so that no worker waits for the next
+/// (room is made the moment a worker takes a Foo), and few enough that a
+/// change among them is taken soon whatever order the queue takes them in.
+pub const ROOM_PER_WORKER: usize = 2;
 
 /// Entries a drained backlog keeps room for; a larger table is let go.
 const KEPT: usize = 64;
@@ -92,18 +97,18 @@ impl Backlog {
     /// Sync every one of `foos` (taking the Lease), each by its
     /// [`first_sync_lane`].
     pub fn push_all(&self, foos: impl IntoIterator<Item = Arc<Foo>>) {
+        let pushed: Vec<_> = foos.into_iter().map(|foo| (by_name(&*foo), first_sync_lane(&foo))).collect();
+        pushed.iter().for_each(|(foo, _)| self.queue.added(queue_key(foo)));
         let mut state = self.state.lock();
-        for foo in foos {
-            let foo_ref = by_name(&*foo);
-            self.queue.added(queue_key(&foo_ref));
-            state.push(foo_ref, first_sync_lane(&foo));
-        }
+        pushed.into_iter().for_each(|(foo, lane)| state.push(foo, lane));
         drop(state);
         self.changed.notify_one();
     }
 
     /// A worker took `key` (or found it deleted): if the backlog let it in,
-    /// that frees room for the next.
+    /// that frees room for the next. Any sync of that Foo does, even one
+    /// another trigger started before the backlog's reached the queue: then
+    /// one more waits there for a moment, no harm done.
     pub fn taken(&self, key: &str) {
         if self.state.lock().let_in.remove(key) {
             self.changed.notify_one();

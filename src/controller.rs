@@ -146,7 +146,8 @@ fn sync_worthy(foo: &Foo) -> u64 {
 /// predicate, but one that forgets a Foo the watch deletes (or a relist no
 /// longer holds): a Foo that leaves this shard and comes back is synced
 /// again, where the predicate would remember it for an hour. Each with its
-/// lane: a change goes now; a listed Foo by its [`first_sync_lane`].
+/// lane: a change goes now (one a relist finds too); a Foo listed for the
+/// first time by its [`first_sync_lane`].
 pub fn changed_foos(
     events: impl Stream<Item = watcher::Result<watcher::Event<Foo>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<(Foo, Lane)>> + Send + 'static {
@@ -173,7 +174,7 @@ pub fn changed_foos(
             }
             Ok(Event::Apply(foo)) => remember(&mut seen, relist.as_mut(), foo, Lane::Now).map(Ok),
             Ok(Event::InitApply(foo)) => {
-                let lane = first_sync_lane(&foo);
+                let lane = if seen.contains_key(&by_name(&foo)) { Lane::Now } else { first_sync_lane(&foo) };
                 remember(&mut seen, relist.as_mut(), foo, lane).map(Ok)
             }
         };
@@ -197,7 +198,9 @@ fn remember(
 
 /// The Deployment watch's events, as `owns_stream` takes them: a change or
 /// a deletion goes straight in; a listed Deployment (a start, a relist)
-/// sends its Foo to wait in `backlog`, as the Foo's own listing does.
+/// sends its Foo to wait in `backlog`, as the Foo's own listing does (one a
+/// relist finds changed too: nothing here says which changed while the
+/// watch was down; the backlog still syncs it within seconds).
 fn changed_deployments(
     events: impl Stream<Item = watcher::Result<watcher::Event<DeploymentView>>> + Send + 'static,
     backlog: Arc<Backlog>,
@@ -280,6 +283,7 @@ fn report(outcome: StreamItem, queue: &QueueMetrics, backlog: &Backlog) {
 mod tests {
     use super::*;
     use crate::testing::FooFixture;
+    use futures::FutureExt;
     use watcher::Event;
 
     async fn triggered(events: Vec<Event<Foo>>) -> Vec<String> {
@@ -329,32 +333,58 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_listed_foo_in_sync_waits_for_the_backlog_and_a_change_or_an_unsynced_foo_does_not() {
+    async fn a_listed_foo_in_sync_waits_for_the_backlog_and_a_change_an_unsynced_foo_or_one_a_relist_finds_changed_does_not()
+     {
         let mut synced = Foo::test("synced").generation(2);
         synced.status = Some(crate::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
         let edited = synced.clone().generation(3);
+        // Relabelled while the watch was down; its status still in sync.
+        let relabelled = synced.clone().label("shard", "b");
         let events = vec![
             Event::Init,
             Event::InitApply(synced.clone()),
             Event::InitApply(Foo::test("new")),
             Event::InitDone,
+            Event::Init,
+            Event::InitApply(relabelled),
+            Event::InitDone,
             Event::Apply(edited),
         ];
-        let expected = [("synced", Lane::Later), ("new", Lane::Now), ("synced", Lane::Now)];
+        let expected = [("synced", Lane::Later), ("new", Lane::Now), ("synced", Lane::Now), ("synced", Lane::Now)];
         assert_eq!(lanes(events).await, expected.map(|(name, lane)| (name.to_owned(), lane)));
+    }
+
+    /// What `backlog` lets in now, without waiting.
+    fn let_in(backlog: &Arc<Backlog>) -> Vec<String> {
+        let mut stream = Box::pin(backlog.clone().stream());
+        std::iter::from_fn(|| stream.next().now_or_never().flatten()).map(|foo| foo.name).collect()
     }
 
     #[tokio::test]
     async fn a_listed_deployment_sends_its_foo_to_the_backlog_and_a_changed_or_deleted_one_goes_now() {
         use crate::testing::DeploymentFixture;
-        let foo = Foo::test("a");
-        let d = DeploymentView::owned_by(&foo);
+        let [listed, changed, deleted] = ["a", "b", "c"].map(|name| DeploymentView::owned_by(&Foo::test(name)));
         let backlog = Arc::new(Backlog::new(1, Arc::new(QueueMetrics::default())));
         let events =
-            [Event::Init, Event::InitApply(d.clone()), Event::InitDone, Event::Apply(d.clone()), Event::Delete(d)];
+            [Event::Init, Event::InitApply(listed), Event::InitDone, Event::Apply(changed), Event::Delete(deleted)];
         let now = changed_deployments(futures::stream::iter(events.map(Ok)), backlog.clone());
-        assert_eq!(now.collect::<Vec<_>>().await.len(), 2, "the change and the deletion");
-        let waiting: Vec<_> = backlog.stream().take(1).collect().await;
-        assert_eq!(waiting[0].name, "a");
+        let now: Vec<String> = now.map(|d| d.unwrap().metadata.name.unwrap()).collect().await;
+        assert_eq!(now, ["b", "c"], "the change and the deletion go now");
+        assert_eq!(let_in(&backlog), ["a"], "the listed one waits");
+    }
+
+    #[test]
+    fn a_foo_the_backlog_let_in_and_found_deleted_makes_room_for_the_next() {
+        let backlog = Arc::new(Backlog::new(1, Arc::new(QueueMetrics::default())));
+        let names: Vec<String> = (0..10).map(|i| format!("foo-{i}")).collect();
+        for name in &names {
+            backlog.push(by_name(&Foo::test(name)), Lane::Later);
+        }
+        let first = let_in(&backlog);
+        assert!(!first.is_empty() && first.len() < names.len(), "one room's worth: {first:?}");
+        let deleted = ObjectRef::<Foo>::new(&first[0]).within("default").erase();
+        let queue = QueueMetrics::default();
+        report(Err(kube::runtime::controller::Error::ObjectNotFound(Box::new(deleted))), &queue, &backlog);
+        assert_eq!(let_in(&backlog), [names[first.len()].clone()]);
     }
 }
