@@ -2,7 +2,9 @@
 # The peer benchmark (MODE=peers hack/bench.sh): this operator beside the
 # operator a user would otherwise scaffold, the controller-runtime reference
 # (hack/tools/controller-runtime, built from its Go module like the plane),
-# and beside the floor holding the controller's two watches (benches/floor.rs,
+# beside upstream's controller on client-go with its rate limit lifted (the
+# client-go reference, hack/tools/client-go; its 30 s resync off, CG_RESYNC,
+# or it is never quiet), and beside the floor holding the controller's two watches (benches/floor.rs,
 # the limit a controller can reach), on the benchmark plane. Every request is
 # counted from the API server's audit log by User-Agent. Prints numbers;
 # asserts nothing; not part of the tests.
@@ -13,7 +15,7 @@
 #
 #  1. RUNS rounds, who goes first alternating from round to round: for each
 #     client, N Foos created in a namespace of its own, then the client
-#     started (both operators with --workers WORKERS / MaxConcurrentReconciles,
+#     started (each operator with --workers WORKERS / MaxConcurrentReconciles,
 #     scoped to that namespace): time to converge (every Foo has its
 #     Deployment and a status), and each round's ratio to the watching
 #     floor's; requests until it is quiet; resident memory once quiet and
@@ -27,8 +29,9 @@
 #     write (the audit log): p50, p99, max.
 #  3. Failover: a leader and a standby of each operator, leader election on
 #     and the Lease released on SIGTERM; once the standby is ready (ours:
-#     its caches filled; controller-runtime's manager starts its watches
-#     only once it leads, so its standby is cold), the leader is stopped
+#     its caches filled; controller-runtime's manager and the client-go
+#     reference start their watches only once they lead, so their standbys
+#     are cold), the leader is stopped
 #     and, once it has exited, the same edits are made. From each edit, or
 #     from the standby's taking the Lease if that is later (its log), to
 #     its Deployment's write.
@@ -43,17 +46,22 @@ SPREAD="${SPREAD:-10}"
 WORKERS="${WORKERS:-16}"
 SCALE="${SCALE:-$(( N >= 5000 ))}"
 CR_REFERENCE="$CACHE_ROOT/reference/controller-runtime-reference"
-PEERS="${PEERS:-ours controller-runtime}" # the operators run, in this order
+CG_REFERENCE="$CACHE_ROOT/reference/client-go-controller-reference"
+CG_RESYNC="${CG_RESYNC:-0}" # the client-go reference's resync period; upstream's is 30s
+PEERS="${PEERS:-ours controller-runtime client-go}" # the operators run, in this order
 WATCHING="${WATCHING:-1}" # the floor holding the controller's two watches; 0: none
 read -r -a OPERATORS <<<"$PEERS"
-declare -A NAME_OF=([ours]="sample-controller" [controller-runtime]="controller-runtime v0.25.2")
-declare -A UA_OF=([ours]="$UA" [controller-runtime]="controller-runtime-reference/" [wfloor]="sample-controller-floor/")
+declare -A NAME_OF=([ours]="sample-controller" [controller-runtime]="controller-runtime v0.25.2"
+  [client-go]="upstream's, client-go unthrottled")
+declare -A UA_OF=([ours]="$UA" [controller-runtime]="controller-runtime-reference/"
+  [client-go]="client-go-controller-reference/" [wfloor]="sample-controller-floor/")
 # The log lines that say an operator's caches are ready (its syncs start),
 # and that it took the Lease.
-declare -A READY_LINE=([ours]="caches synced" [controller-runtime]="Starting workers")
-declare -A LEADING_LINE=([ours]="leading" [controller-runtime]="Successfully acquired lease")
+declare -A READY_LINE=([ours]="caches synced" [controller-runtime]="Starting workers" [client-go]="Starting workers")
+declare -A LEADING_LINE=([ours]="leading" [controller-runtime]="Successfully acquired lease"
+  [client-go]="Successfully acquired lease")
 EDITOR_UA="kubectl/"
-code=(src benches Cargo.toml Cargo.lock hack/tools/controller-runtime)
+code=(src benches Cargo.toml Cargo.lock hack/tools/controller-runtime hack/tools/client-go)
 build=$(git log -1 --format=%h -- "${code[@]}")
 git diff --quiet HEAD -- "${code[@]}" || build+=-modified
 
@@ -65,6 +73,11 @@ if [[ " $PEERS " == *" controller-runtime "* ]]; then
   mkdir -p "$(dirname "$CR_REFERENCE")"
   (cd hack/tools/controller-runtime && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$CR_REFERENCE" .)
 fi
+if [[ " $PEERS " == *" client-go "* ]]; then
+  log "client-go reference build"
+  mkdir -p "$(dirname "$CG_REFERENCE")"
+  (cd hack/tools/client-go && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$CG_REFERENCE" .)
+fi
 cargo bench --locked --quiet --no-run --bench floor --bench edit_latency
 
 start_operator() { # who namespace logfile probe-address [flags...]; sets $cpid
@@ -74,6 +87,8 @@ start_operator() { # who namespace logfile probe-address [flags...]; sets $cpid
     ours) "$BIN" --namespace "$ns" --workers "$WORKERS" --log-format json --metrics-bind-address 0 \
             --health-probe-bind-address "$probe" "$@" > "$out" 2>&1 & ;;
     controller-runtime) "$CR_REFERENCE" --namespace "$ns" --workers "$WORKERS" \
+            --health-probe-bind-address "$probe" "$@" > "$out" 2>&1 & ;;
+    client-go) "$CG_REFERENCE" --namespace "$ns" --workers "$WORKERS" --resync-period "$CG_RESYNC" \
             --health-probe-bind-address "$probe" "$@" > "$out" 2>&1 & ;;
   esac
   cpid=$!
@@ -90,7 +105,8 @@ leader_flags() { # namespace lease
   echo --leader-elect --leader-election-namespace "$1" --leader-election-id "$2"
 }
 # When a line containing TEXT first shows in a JSON log (ours: "timestamp";
-# controller-runtime's zap: "ts"; both RFC 3339 to the nanosecond), in epoch
+# controller-runtime's zap and the client-go reference: "ts"; all RFC 3339 to
+# the nanosecond), in epoch
 # seconds; waits for it up to TIMEOUT seconds.
 log_time() { # file text timeout
   python3 - "$@" <<'PY'
