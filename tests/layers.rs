@@ -15,8 +15,8 @@ use std::path::Path;
 const LAYERS: &[&[&str]] = &[
     &["app"],
     &["controller", "check", "go_flags"],
-    &["sync", "watchdog", "cli", "http"],
-    &["events", "adoption", "cache", "backlog", "tls", "metrics_auth"],
+    &["sync", "watchdog", "backlog", "cli", "http"],
+    &["events", "adoption", "cache", "tls", "metrics_auth"],
     &["leader", "decision"],
     &["client", "watch", "deployment"],
     &["metrics", "retry", "telemetry", "error"],
