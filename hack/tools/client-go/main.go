@@ -6,7 +6,8 @@
 // Event, every time — with the one change issue 45 asks for: client-go's
 // client-side rate limit (5 requests a second, bursts of 10) lifted. Upstream
 // reads Foos through generated clients; this reads them as unstructured
-// objects through the dynamic client, which makes the same requests.
+// objects through the dynamic client, which makes the same requests (without
+// upstream's field manager name, which changes none of them).
 // Upstream has no leader election; this adds client-go's own elector (a
 // Lease, released on SIGTERM) so that a failover can be timed. Test tool
 // only; nothing here ships.
