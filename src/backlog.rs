@@ -146,6 +146,7 @@ impl State {
 
     fn next(&mut self, room: usize) -> Option<ObjectRef<Foo>> {
         if let Some(foo) = self.now.pop_front() {
+            let_go(&mut self.now);
             return Some(foo);
         }
         if self.let_in.len() >= room {
@@ -154,22 +155,21 @@ impl State {
         let foo = self.later.pop_front()?;
         self.waiting.remove(&foo);
         self.let_in.insert(queue_key(&foo));
-        if self.later.is_empty() {
-            self.let_go();
+        if let_go(&mut self.later) {
+            self.waiting.shrink_to(KEPT);
         }
         Some(foo)
     }
+}
 
-    /// A drained backlog gives back what a burst of 100 000 took.
-    fn let_go(&mut self) {
-        if self.later.capacity() > KEPT {
-            self.later.shrink_to(KEPT);
-            self.waiting.shrink_to(KEPT);
-        }
-        if self.now.capacity() > KEPT && self.now.is_empty() {
-            self.now.shrink_to(KEPT);
-        }
+/// A drained lane gives back what a burst of 100 000 took (a takeover of
+/// Foos only upstream synced sends them all now): whether it did.
+fn let_go(lane: &mut VecDeque<ObjectRef<Foo>>) -> bool {
+    let drained = lane.is_empty() && lane.capacity() > KEPT;
+    if drained {
+        lane.shrink_to(KEPT);
     }
+    drained
 }
 
 #[cfg(test)]
@@ -260,5 +260,18 @@ mod tests {
         let in_order: Vec<String> = (0..1000).map(|i| format!("foo-{i}")).collect();
         assert_eq!(drained, in_order, "first in, first out");
         assert!(backlog.state.lock().later.capacity() <= KEPT, "a drained backlog lets its table go");
+        assert!(backlog.state.lock().waiting.capacity() <= 2 * KEPT, "and the table of what waits");
+    }
+
+    #[test]
+    fn a_drained_burst_of_changes_lets_its_table_go() {
+        let backlog = backlog(1);
+        backlog.push_all((0..1000).map(|i| Arc::new(Foo::test(&format!("upstreams-{i}")))));
+        let mut stream = Box::pin(backlog.clone().stream());
+        let first: Vec<_> = (0..999).map(|_| stream.next().now_or_never().flatten().unwrap()).collect();
+        assert_eq!(first.len(), 999, "changes need no room");
+        assert!(backlog.state.lock().now.capacity() >= 1000, "one still waits: the table stays");
+        assert_eq!(ready(&mut stream).len(), 1);
+        assert!(backlog.state.lock().now.capacity() <= KEPT, "{} slots kept", backlog.state.lock().now.capacity());
     }
 }
