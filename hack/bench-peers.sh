@@ -101,6 +101,26 @@ stop_operator() { # pid: as SIGTERM does
   for p in "${pids[@]}"; do [[ $p == "$1" ]] || kept+=("$p"); done
   pids=("${kept[@]}")
 }
+# Run a command that waits for operator PID's work while PID runs: if PID
+# exits first (a crash), fail with the end of its LOG at once, rather than
+# when the command's own timeout (up to 30 min) runs out.
+while_alive() { # pid log command...
+  local pid=$1 out=$2 waiter
+  shift 2
+  "$@" &
+  waiter=$!
+  while kill -0 "$waiter" 2>/dev/null; do
+    # An exited child stays a zombie until waited for: read its state.
+    if [[ ! -e /proc/$pid || $(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null) == Z ]]; then
+      kill "$waiter" 2>/dev/null || true
+      echo "the operator (pid $pid) exited while the benchmark waited; the end of $out:" >&2
+      tail -n 20 "$out" >&2
+      return 1
+    fi
+    sleep 1
+  done
+  wait "$waiter"
+}
 leader_flags() { # namespace lease
   echo --leader-elect --leader-election-namespace "$1" --leader-election-id "$2"
 }
@@ -151,12 +171,15 @@ converge() { # who run
   log "$who: $N Foos (run $run of $RUNS)"
   create_foos "$ns" "$N"
   settle
+  local converged
   if [[ $who == wfloor ]]; then
     FLOOR_WATCHES=1 cargo bench --locked --quiet --bench floor -- "$ns" "$WORKERS" >&2
+    converged=$(audit wait-converged "$ua" "$ns" "$N" 1800)
   else
     start_operator "$who" "$ns" ".local/peers-$who-$run.log" 0
+    converged=$(while_alive "$cpid" ".local/peers-$who-$run.log" audit wait-converged "$ua" "$ns" "$N" 1800)
   fi
-  read -r t0 t1 < <(audit wait-converged "$ua" "$ns" "$N" 1800)
+  read -r t0 t1 <<<"$converged"
   record "$who" "$(elapsed "$t0" "$t1")"
   audit curve "$ua" "$ns" > ".local/bench-curve-$ns.txt"
   [[ $who == wfloor ]] && { clear_run "$ns"; return; }
@@ -204,9 +227,10 @@ for who in "${OPERATORS[@]}"; do
   from=$(date +%s.%N)
   start_operator "$who" "$ns" ".local/peers-$who-restart.log" 0
   edit_storm "$ns" 7
-  ready=$(log_time ".local/peers-$who-restart.log" "${READY_LINE[$who]}" 1800)
+  out=".local/peers-$who-restart.log"
+  ready=$(while_alive "$cpid" "$out" log_time "$out" "${READY_LINE[$who]}" 1800)
   restart_ready[$who]=$(elapsed "$from" "$ready")
-  restart_edits[$who]=$(audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$ready" "$STORM_EDITS" 1800)
+  restart_edits[$who]=$(while_alive "$cpid" "$out" audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$ready" "$STORM_EDITS" 1800)
   stop_operator "$cpid"
 
   log "$who: a failover with $STORM_EDITS edits"
@@ -226,9 +250,10 @@ for who in "${OPERATORS[@]}"; do
   stop_operator "$leader"
   from=$(date +%s.%N)
   edit_storm "$ns" 8
-  taken=$(log_time ".local/peers-$who-standby.log" "${LEADING_LINE[$who]}" 600)
+  out=".local/peers-$who-standby.log"
+  taken=$(while_alive "$cpid" "$out" log_time "$out" "${LEADING_LINE[$who]}" 600)
   failover_taken[$who]=$(elapsed "$from" "$taken")
-  failover_edits[$who]=$(audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$taken" "$STORM_EDITS" 1800)
+  failover_edits[$who]=$(while_alive "$cpid" "$out" audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$taken" "$STORM_EDITS" 1800)
   stop_operator "$cpid"
 done
 
