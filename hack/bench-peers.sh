@@ -161,6 +161,17 @@ edit_storm() { # namespace replicas
   done
   wait "${editors[@]}"
 }
+# The edit storm to REPLICAS while the operator ($cpid) starts or takes
+# over, timed: prints the seconds from FROM to LINE in its LOG (its caches
+# ready, or the Lease taken), then each edit's latency from the edit or that
+# line, the later (audit.py edits).
+storm_timed() { # who namespace replicas from log line
+  local at
+  edit_storm "$2" "$3"
+  at=$(while_alive "$cpid" "$5" log_time "$5" "$6" 1800)
+  elapsed "$4" "$at"
+  while_alive "$cpid" "$5" audit edits "$EDITOR_UA" "${UA_OF[$1]}" "$2" "$4" "$at" "$STORM_EDITS" 1800
+}
 declare -A requests request_lines rss_quiet rss_peak idle idle_lines edit_latency
 
 # One client converging N new Foos in its own namespace. The floor runs to
@@ -226,11 +237,9 @@ for who in "${OPERATORS[@]}"; do
   log "$who: a cold start with $STORM_EDITS edits"
   from=$(date +%s.%N)
   start_operator "$who" "$ns" ".local/peers-$who-restart.log" 0
-  edit_storm "$ns" 7
-  out=".local/peers-$who-restart.log"
-  ready=$(while_alive "$cpid" "$out" log_time "$out" "${READY_LINE[$who]}" 1800)
-  restart_ready[$who]=$(elapsed "$from" "$ready")
-  restart_edits[$who]=$(while_alive "$cpid" "$out" audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$ready" "$STORM_EDITS" 1800)
+  timed=$(storm_timed "$who" "$ns" 7 "$from" ".local/peers-$who-restart.log" "${READY_LINE[$who]}")
+  restart_ready[$who]=${timed%%$'\n'*}
+  restart_edits[$who]=${timed#*$'\n'}
   stop_operator "$cpid"
 
   log "$who: a failover with $STORM_EDITS edits"
@@ -249,11 +258,9 @@ for who in "${OPERATORS[@]}"; do
   # Deployment write after it is the standby's.
   stop_operator "$leader"
   from=$(date +%s.%N)
-  edit_storm "$ns" 8
-  out=".local/peers-$who-standby.log"
-  taken=$(while_alive "$cpid" "$out" log_time "$out" "${LEADING_LINE[$who]}" 600)
-  failover_taken[$who]=$(elapsed "$from" "$taken")
-  failover_edits[$who]=$(while_alive "$cpid" "$out" audit edits "$EDITOR_UA" "$ua" "$ns" "$from" "$taken" "$STORM_EDITS" 1800)
+  timed=$(storm_timed "$who" "$ns" 8 "$from" ".local/peers-$who-standby.log" "${LEADING_LINE[$who]}")
+  failover_taken[$who]=${timed%%$'\n'*}
+  failover_edits[$who]=${timed#*$'\n'}
   stop_operator "$cpid"
 done
 
