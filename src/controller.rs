@@ -286,13 +286,16 @@ mod tests {
     use futures::FutureExt;
     use watcher::Event;
 
-    async fn triggered(events: Vec<Event<Foo>>) -> Vec<String> {
-        lanes(events).await.into_iter().map(|(name, _)| name).collect()
+    /// The Foos `events` trigger syncs of, each as the watch reported it
+    /// (which Foo, by namespace and name, and which version of it), and
+    /// their lanes.
+    async fn lanes(events: Vec<Event<Foo>>) -> Vec<(Foo, Lane)> {
+        let stream = changed_foos(futures::stream::iter(events.into_iter().map(Ok)));
+        stream.map(Result::unwrap).collect().await
     }
 
-    async fn lanes(events: Vec<Event<Foo>>) -> Vec<(String, Lane)> {
-        let stream = changed_foos(futures::stream::iter(events.into_iter().map(Ok)));
-        stream.map(|change| change.map(|(foo, lane)| (foo.metadata.name.unwrap(), lane)).unwrap()).collect().await
+    async fn triggered(events: Vec<Event<Foo>>) -> Vec<Foo> {
+        lanes(events).await.into_iter().map(|(foo, _)| foo).collect()
     }
 
     #[tokio::test]
@@ -302,16 +305,33 @@ mod tests {
         status_written.metadata.resource_version = Some("101".into());
         let relabelled = foo.clone().label("shard", "b");
         let edited = relabelled.clone().generation(2);
-        let events =
-            vec![Event::Apply(foo), Event::Apply(status_written), Event::Apply(relabelled), Event::Apply(edited)];
-        assert_eq!(triggered(events).await.len(), 3);
+        let events = vec![
+            Event::Apply(foo.clone()),
+            Event::Apply(status_written),
+            Event::Apply(relabelled.clone()),
+            Event::Apply(edited.clone()),
+        ];
+        assert_eq!(triggered(events).await, [foo, relabelled, edited]);
     }
 
     #[tokio::test]
-    async fn a_foo_that_leaves_the_shard_and_comes_back_is_synced_again() {
-        let foo = Foo::test("a");
-        let events = vec![Event::Apply(foo.clone()), Event::Delete(foo.clone()), Event::Apply(foo)];
-        assert_eq!(triggered(events).await.len(), 2);
+    async fn a_foo_that_leaves_the_shard_and_comes_back_is_synced_again_and_one_that_stayed_is_not() {
+        let (a, b) = (Foo::test("a"), Foo::test("b"));
+        // Its namesake in another namespace is another Foo.
+        let mut elsewhere = a.clone();
+        elsewhere.metadata.namespace = Some("other".into());
+        let mut b_status_written = b.clone();
+        b_status_written.metadata.resource_version = Some("101".into());
+        let events = vec![
+            Event::Apply(a.clone()),
+            Event::Apply(b.clone()),
+            Event::Apply(elsewhere.clone()),
+            Event::Delete(a.clone()),
+            Event::Apply(b_status_written),
+            Event::Apply(elsewhere.clone()),
+            Event::Apply(a.clone()),
+        ];
+        assert_eq!(triggered(events).await, [a.clone(), b, elsewhere, a]);
     }
 
     #[tokio::test]
@@ -326,10 +346,10 @@ mod tests {
             Event::Init,
             Event::InitApply(a.clone()),
             Event::InitDone,
-            Event::Apply(b),
-            Event::Apply(a),
+            Event::Apply(b.clone()),
+            Event::Apply(a.clone()),
         ];
-        assert_eq!(triggered(events).await, ["a", "b", "b"]);
+        assert_eq!(triggered(events).await, [a, b.clone(), b]);
     }
 
     #[tokio::test]
@@ -340,18 +360,19 @@ mod tests {
         let edited = synced.clone().generation(3);
         // Relabelled while the watch was down; its status still in sync.
         let relabelled = synced.clone().label("shard", "b");
+        let new = Foo::test("new");
         let events = vec![
             Event::Init,
             Event::InitApply(synced.clone()),
-            Event::InitApply(Foo::test("new")),
+            Event::InitApply(new.clone()),
             Event::InitDone,
             Event::Init,
-            Event::InitApply(relabelled),
+            Event::InitApply(relabelled.clone()),
             Event::InitDone,
-            Event::Apply(edited),
+            Event::Apply(edited.clone()),
         ];
-        let expected = [("synced", Lane::Later), ("new", Lane::Now), ("synced", Lane::Now), ("synced", Lane::Now)];
-        assert_eq!(lanes(events).await, expected.map(|(name, lane)| (name.to_owned(), lane)));
+        let expected = [(synced, Lane::Later), (new, Lane::Now), (relabelled, Lane::Now), (edited, Lane::Now)];
+        assert_eq!(lanes(events).await, expected);
     }
 
     /// What `backlog` lets in now, without waiting.

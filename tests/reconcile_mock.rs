@@ -21,6 +21,7 @@ use sample_controller::app::start_adoption;
 use sample_controller::decision::decide;
 use sample_controller::deployment::{DeploymentView, desired_deployment};
 use sample_controller::error::{ApiAction, SyncError as Error};
+use sample_controller::events::Publisher;
 use sample_controller::leader::Fence;
 use sample_controller::metrics::Metrics;
 use sample_controller::shard::{Shard, UNSHARDED};
@@ -113,6 +114,8 @@ fn status(code: StatusCode, reason: &str, message: &str) -> Value {
 struct Mock {
     ctx: Arc<Context>,
     handle: ApiHandle,
+    /// The context's fence, for each sync's Event publisher.
+    fence: Option<Arc<Fence>>,
 }
 
 impl Mock {
@@ -158,14 +161,24 @@ impl Mock {
         } else {
             Arc::new(Adoption::none())
         };
-        Mock { ctx: Arc::new(Context::new(client, caches, adoption, Arc::new(Metrics::new()), None, fence)), handle }
+        let ctx = Context::new(client, caches, adoption, Arc::new(Metrics::new()), None, fence.clone());
+        Mock { ctx: Arc::new(ctx), handle, fence }
     }
 
     /// Run one sync of `foo` against `scenario`; return its result once
     /// every expected request was made, and fail if it made any other —
-    /// its Events included: they are sent in the background, so the sender
-    /// is flushed (this mock's later syncs publish no more Events).
+    /// its Events included, on every sync of this mock: they are sent in the
+    /// background, so each sync gets a publisher of its own, flushed (and so
+    /// closed) once the sync is done. A later sync that repeats an Event
+    /// sends it as a new one (POST), where the operator's one publisher
+    /// would count it into the first one's series (PATCH): either is a
+    /// request the scenario must list.
     async fn sync(&mut self, foo: &Foo, scenario: Vec<Expect>) -> Result<Action, Error> {
+        let events =
+            Publisher::start(self.ctx.client.clone(), None, self.fence.clone(), self.ctx.metrics.queue.clone());
+        // The last sync's task and flush are over: only the mock holds the
+        // context.
+        Arc::get_mut(&mut self.ctx).expect("a sync still holds the context").events = events;
         let sync = tokio::spawn(reconcile(Arc::new(foo.clone()), self.ctx.clone()));
         for (i, want) in scenario.into_iter().enumerate() {
             let (request, send): (Request<Body>, SendResponse<Response<Body>>) =
@@ -208,8 +221,7 @@ impl Mock {
             send.send_response(response.unwrap());
         }
         let result = tokio::time::timeout(Duration::from_secs(5), sync).await.expect("sync did not finish").unwrap();
-        let ctx = self.ctx.clone();
-        let flushed = tokio::spawn(async move { ctx.events.flush(Duration::from_secs(5)).await });
+        let flushed = self.ctx.events.flush(Duration::from_secs(5));
         tokio::select! {
             Some((extra, _)) = self.handle.next_request() => {
                 panic!("unexpected request {} {}", extra.method(), extra.uri());
@@ -417,6 +429,24 @@ async fn api_errors_fail_the_sync_without_panicking() {
     let err = mock.sync(&foo, scenario).await.unwrap_err();
     assert!(matches!(err, Error::Api { action: ApiAction::CreateDeployment, .. }), "{err}");
     assert!(err.to_string().starts_with("Foo default/example-foo: create Deployment"), "{err}");
+}
+
+#[tokio::test]
+async fn a_sync_retried_after_a_server_error_records_its_event_then() {
+    // The failed sync wrote nothing and said nothing; the retry does both,
+    // its Event checked as the first sync's would be.
+    let foo = example_foo(1);
+    let mut mock = Mock::new(std::slice::from_ref(&foo), &[]).await;
+    let boom = status(StatusCode::INTERNAL_SERVER_ERROR, "InternalError", "etcdserver: request timed out");
+    let failed = vec![expect(Method::POST, DEPLOYMENTS).reply(StatusCode::INTERNAL_SERVER_ERROR, boom)];
+    mock.sync(&foo, failed).await.unwrap_err();
+    let retried = vec![
+        expect(Method::POST, DEPLOYMENTS)
+            .reply(StatusCode::CREATED, Deployment::owned_by(&foo).replicas(1).available(0)),
+        expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, example_foo(1)),
+        Expect::event("Normal", "Synced"),
+    ];
+    mock.sync(&foo, retried).await.unwrap();
 }
 
 #[tokio::test]
