@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::collections::BTreeSet;
+
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{DynamicObject, ListParams};
@@ -239,9 +241,11 @@ async fn kubectl_explains_the_rejection() {
 
 /// `cargo run --bin crdgen > crd.yaml`, as the README has users make the
 /// CRD: what it prints is `crds/` byte for byte, and the API server takes it
-/// as the CRD installed from `crds/` — applied over it (a server-side dry
-/// run: the schema compiled, the CEL rules checked), nothing would change,
-/// not even the CRD's generation.
+/// unchanged: put in place of the installed CRD (a server-side dry run: the
+/// schema compiled, the CEL rules checked, the object defaulted as it would
+/// be stored), it comes back with every field as crdgen printed it, nothing
+/// dropped or altered, and nothing added but the API server's own defaults
+/// for a CRD.
 #[tokio::test]
 async fn crdgen_prints_the_crd_of_crds_and_the_api_server_takes_it_unchanged() {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_crdgen")).output().expect("run crdgen");
@@ -252,10 +256,61 @@ async fn crdgen_prints_the_crd_of_crds_and_the_api_server_takes_it_unchanged() {
             .expect("read crds/");
     assert_eq!(printed, shipped, "crds/ is not crdgen's output: run hack/update-crds.sh");
 
-    let path = format!("{}/crdgen-crd.yaml", env!("CARGO_TARGET_TMPDIR"));
-    std::fs::write(&path, &printed).unwrap();
-    let generation = ["-o", "jsonpath={.metadata.generation}"];
-    let installed = kubectl_ok(&[&["get", "crd", "foos.samplecontroller.k8s.io"][..], &generation].concat());
-    let applied = kubectl_ok(&[&["apply", "--dry-run=server", "-f", &path][..], &generation].concat());
-    assert_eq!(applied, installed, "crdgen's CRD, applied over the installed one, would change it");
+    // A replace, not an apply: an apply merges with what is installed, and
+    // what comes back would be the installed CRD's as much as crdgen's.
+    let mut crd: Value = serde_saphyr::from_str(&printed).expect("crdgen prints YAML");
+    let name = crd["metadata"]["name"].as_str().expect("a named CRD").to_owned();
+    let version = kubectl_ok(&["get", "crd", &name, "-o", "jsonpath={.metadata.resourceVersion}"]);
+    crd["metadata"]["resourceVersion"] = json!(version.trim());
+    let uri =
+        format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}?dryRun=All&fieldValidation=Strict");
+    let request = http::Request::put(uri)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&crd).unwrap())
+        .unwrap();
+    let taken: Value = admin_client().await.request(request).await.expect("the API server takes crdgen's CRD");
+
+    let mut found = BTreeSet::new();
+    differences("spec", &crd["spec"], &taken["spec"], &mut found);
+    for (key, value) in crd["metadata"].as_object().unwrap() {
+        let taken = &taken["metadata"][key];
+        differences(&format!("metadata.{key}"), value, taken, &mut found);
+    }
+    // apiextensions.k8s.io/v1's defaults for what crdgen leaves out.
+    let defaults = BTreeSet::from([
+        "added spec.conversion: {\"strategy\":\"None\"}".to_owned(),
+        "added spec.names.listKind: \"FooList\"".to_owned(),
+    ]);
+    assert_eq!(found, defaults, "crdgen's CRD as the API server would store it, against what crdgen printed");
+}
+
+/// How `taken` differs from `printed` at `path`, into `found`: "dropped",
+/// "changed" or "added" and the path. Numbers compare by value (YAML's
+/// `10.0` is JSON's `10`).
+fn differences(path: &str, printed: &Value, taken: &Value, found: &mut BTreeSet<String>) {
+    match (printed, taken) {
+        (Value::Object(printed), Value::Object(taken)) => {
+            for (key, value) in printed {
+                match taken.get(key) {
+                    Some(taken) => differences(&format!("{path}.{key}"), value, taken, found),
+                    None => {
+                        found.insert(format!("dropped {path}.{key}: {value}"));
+                    }
+                }
+            }
+            for (key, value) in taken.iter().filter(|(key, _)| !printed.contains_key(*key)) {
+                found.insert(format!("added {path}.{key}: {value}"));
+            }
+        }
+        (Value::Array(printed), Value::Array(taken)) if printed.len() == taken.len() => {
+            for (i, (printed, taken)) in printed.iter().zip(taken).enumerate() {
+                differences(&format!("{path}[{i}]"), printed, taken, found);
+            }
+        }
+        (Value::Number(printed), Value::Number(taken)) if printed.as_f64() == taken.as_f64() => {}
+        (printed, taken) if printed == taken => {}
+        (printed, taken) => {
+            found.insert(format!("changed {path}: {printed} to {taken}"));
+        }
+    }
 }
