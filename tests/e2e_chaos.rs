@@ -23,11 +23,12 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
-use sample_controller::constants::{FENCE_POLICY, USER_AGENT};
+use sample_controller::constants::{FENCE_POLICY, POD_NAME_ENV, USER_AGENT};
 use sample_controller::decision::{DeploymentAction, decide};
 use sample_controller::deployment::DeploymentView;
 use sample_controller::leader_fence::LeaderFence;
 use sample_controller::shard::UNSHARDED;
+use sample_controller::watchdog::PERIOD;
 use serde_json::json;
 
 /// One scenario at a time: they stop the plane everyone uses. (Under
@@ -36,14 +37,21 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 
 /// "A few hundred Foos" converging while things fail.
 const MANY: usize = 200;
-/// The target (docs/operations.md): an edit made once the API server serves again
-/// reaches its Deployment within 5 s; plus 3 s of margin for a loaded 2-core
-/// CI machine (measured: 0.1-4.2 s).
-const RECOVERY_BOUND: Duration = Duration::from_secs(8);
+/// The target docs/operations.md states, and the bound asserted: an edit
+/// made once the API server or etcd serves again reaches its Deployment
+/// within 6 s. The test command's runs on a 2-core machine measured 3.4-4.4 s
+/// after an API server restart (mostly its own start-up) and 0.4-2.9 s after
+/// etcd's (builds f8761ec to 06c7262, both planes).
+const RECOVERY_TARGET: Duration = Duration::from_secs(6);
 /// A convergence of `MANY` Foos interrupted by an outage finishes within
 /// seconds of the component's return (measured: 1-7 s); 15 s of bound.
 const CONVERGENCE_BOUND: Duration = Duration::from_secs(15);
+/// A convergence no bound is claimed for (the Foos' first, before a fault).
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(180);
+/// How late after a Lease's expiry a standby may take it: the watch's
+/// delivery of the last renewal and one write; the standby sleeps until the
+/// expiry itself (src/leader.rs, `acquire`).
+const EXPIRY_SLACK: Duration = Duration::from_secs(1);
 
 /// `hack/local-chaos.sh ACTION COMPONENT` on the test control plane.
 fn chaos(action: &str, component: &str) {
@@ -62,13 +70,15 @@ fn chaos(action: &str, component: &str) {
     assert!(status.success(), "hack/local-chaos.sh {action} {component} failed");
 }
 
-/// Kill `component`, leave it down for `outage`, start it again; returns
-/// when it serves.
-async fn outage(component: &str, outage: Duration) {
+/// Kill `component`, leave it down for `outage`, start it again; returns,
+/// once it serves, when it was down (its process gone).
+async fn outage(component: &str, outage: Duration) -> Timestamp {
     chaos("kill", component);
+    let down = Timestamp::now();
     // Time under test: how long the component stays down.
     tokio::time::sleep(outage).await;
     chaos("start", component);
+    down
 }
 
 /// After an API server outage the plane's own clients — controller-manager,
@@ -171,11 +181,11 @@ async fn end_state(ns: &TestNamespace) -> Result<(), String> {
     Ok(())
 }
 
-/// Wait for [`end_state`]; returns how long that took.
-async fn converged(ns: &TestNamespace, what: &str) -> Duration {
+/// Wait for [`end_state`], at most `within`; returns how long that took.
+async fn converged(ns: &TestNamespace, what: &str, within: Duration) -> Duration {
     let start = Instant::now();
     let mut last = String::new();
-    while start.elapsed() < CONVERGE_TIMEOUT {
+    while start.elapsed() < within {
         match end_state(ns).await {
             Ok(()) => return start.elapsed(),
             Err(e) => last = e,
@@ -184,7 +194,7 @@ async fn converged(ns: &TestNamespace, what: &str) -> Duration {
         // polled, and the time to reach it measured at this resolution.
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    panic!("{what}: not converged after {CONVERGE_TIMEOUT:?}: {last}");
+    panic!("{what}: not converged within {within:?}: {last}");
 }
 
 /// Foos whose status shows all their replicas available.
@@ -202,15 +212,15 @@ async fn until_deployments(ns: &TestNamespace, n: usize) {
         .await;
 }
 
-/// Edit a Foo and time until its Deployment shows it.
-async fn edit_to_deployment(ns: &TestNamespace, foo: &str, replicas: i32) -> Duration {
+/// Edit a Foo and time until its Deployment shows it, at most `within`.
+async fn edit_to_deployment(ns: &TestNamespace, foo: &str, replicas: i32, within: Duration) -> Duration {
     let start = Instant::now();
     set_replicas(ns, foo, replicas).await;
     loop {
         if deployment(ns, foo).await.is_some_and(|d| common::replicas(&d) == Some(replicas)) {
             return start.elapsed();
         }
-        assert!(start.elapsed() < CONVERGE_TIMEOUT, "the edit of {foo} never reached its Deployment");
+        assert!(start.elapsed() < within, "the edit of {foo} did not reach its Deployment within {within:?}");
         // Polled at 20 ms: the time the edit takes is measured, and a watch
         // of its own would compete with the plane just restarted.
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -222,7 +232,7 @@ async fn steady_state_outage(component: &str, prefix: &str) {
     let ns = TestNamespace::new(prefix).await;
     let op = operator(&ns, "op", &[]).await;
     create_foos(&ns, 20).await;
-    converged(&ns, "before the outage").await;
+    converged(&ns, "before the outage", CONVERGE_TIMEOUT).await;
 
     chaos("kill", component);
     // Readiness does not follow the API server (docs/operations.md, Failure behaviour):
@@ -235,10 +245,10 @@ async fn steady_state_outage(component: &str, prefix: &str) {
     }
     chaos("start", component);
     // `start` returned once the component serves (kube-apiserver: /readyz ok).
-    let recovery = edit_to_deployment(&ns, "foo-0", 5).await;
+    let recovery = edit_to_deployment(&ns, "foo-0", 5, RECOVERY_TARGET).await;
     println!("{component} SIGKILL, 3 s down: an edit made once it served again reached its Deployment in {recovery:?}");
-    assert!(recovery < RECOVERY_BOUND, "recovery took {recovery:?}");
-    converged(&ns, "after the outage").await;
+    assert!(recovery < RECOVERY_TARGET, "recovery took {recovery:?}");
+    converged(&ns, "after the outage", CONVERGE_TIMEOUT).await;
     restart_plane_clients_after(component);
 }
 
@@ -249,10 +259,21 @@ async fn outage_during_convergence(component: &str, prefix: &str) {
     let _op = operator(&ns, "op", &[]).await;
     until_deployments(&ns, MANY / 4).await;
 
-    outage(component, Duration::from_secs(3)).await;
-    let took = converged(&ns, "after the outage").await;
+    let down = outage(component, Duration::from_secs(3)).await;
+    let took = converged(&ns, "after the outage", CONVERGENCE_BOUND).await;
     println!("{component} SIGKILL during the convergence of {MANY} Foos: converged {took:?} after it served again");
     assert!(took < CONVERGENCE_BOUND, "converging took {took:?}");
+    // The outage landed mid-convergence: the operator still had Deployments
+    // and statuses to write once the component was back. (While it was
+    // down, no write could be admitted.)
+    let left: Vec<_> = audited(&ns.name, USER_AGENT)
+        .into_iter()
+        .filter(|r| r.at > down && ["deployments", "foos"].contains(&r.resource.as_str()))
+        .filter(|r| WRITES.contains(&r.verb.as_str()) && r.code.is_some_and(|c| (200..300).contains(&c)))
+        .collect();
+    let foos: std::collections::BTreeSet<_> = left.iter().filter_map(|r| r.name.as_deref()).collect();
+    println!("{component} outage: {} writes about {} Foos were left for after it", left.len(), foos.len());
+    assert!(!left.is_empty(), "the outage must land mid-convergence: no write was left for after it");
     restart_plane_clients_after(component);
 }
 
@@ -315,88 +336,145 @@ async fn operator_killed_at_random_moments_while_foos_converge() {
         println!("operator SIGKILL #{round} with {ready} of {MANY} Foos ready");
     }
     let _op = operator(&ns, "final", &[]).await;
-    let took = converged(&ns, "after the crashes").await;
+    let took = converged(&ns, "after the crashes", CONVERGENCE_BOUND).await;
     println!("operator killed during the convergence of {MANY} Foos: converged {took:?} after the restart");
     assert!(took < CONVERGENCE_BOUND, "converging took {took:?} (CHAOS_SEED={seed})");
 }
 
+/// A replica as deploy/ runs it in `pod` ([`spawn_replica`]), reaching the
+/// API server through `relay`.
+async fn spawn_relayed_replica(ns: &str, pod: &k8s_openapi::api::core::v1::Pod, relay: &HeldRelay) -> Operator {
+    let name = pod.name_any();
+    let token = pod_bound_token(pod).await;
+    let kubeconfig = kubeconfig_variant(&format!("{ns}-relayed-{name}"), |kc| {
+        kc["users"][0]["user"] = json!({ "token": token });
+        kc["clusters"][0]["cluster"]["server"] = json!(format!("https://127.0.0.1:{}", relay.port));
+    });
+    let args = lease_args(DEPLOY_NS, DEPLOY_LEASE, LEASE);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut cmd = operator_command(ns, &kubeconfig, &args);
+    cmd.env(POD_NAME_ENV, &name);
+    start_logged(cmd, &format!("{ns}-{name}")).await
+}
+
+/// Paused with writes in flight — sent, past its own fence's check, not yet
+/// received by the API server (held in a relay, as a congested network
+/// would) — the leader is replaced; those writes reach the API server after
+/// the takeover and its fence refuses every one; resumed, the old leader
+/// sends nothing more and exits.
 #[tokio::test]
 async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_its_writes_when_it_resumes() {
     let _one = ONE_AT_A_TIME.lock().await;
     // Two replicas as deploy/ runs them, each with a token bound to one of
-    // its pods: the API server's leader fence knows which pod writes.
+    // its pods: the API server's leader fence knows which pod writes. The
+    // first leads alone, so that it is the one behind the relay.
     let pods = install_deploy().await;
     let _lease = FreshLease::new();
     let ns = TestNamespace::new("chaos-leader").await;
-    let mut a = spawn_replica(&ns.name, &pods[0], LEASE).await;
-    let mut b = spawn_replica(&ns.name, &pods[1], LEASE).await;
-    let old = wait_until("a Lease holder", TIMEOUT, holding_pod).await;
+    let relay = HeldRelay::start();
+    let mut paused = spawn_relayed_replica(&ns.name, &pods[0], &relay).await;
+    let old = pods[0].name_any();
+    wait_until("the relayed replica holding the Lease", TIMEOUT, || async {
+        holding_pod().await.filter(|h| *h == old)
+    })
+    .await;
+    let survivor = spawn_replica(&ns.name, &pods[1], LEASE).await;
+    wait_until("the standby ready, its caches filled", TIMEOUT, || async {
+        (http_get(survivor.probes, "/readyz").await?.0 == 200).then_some(())
+    })
+    .await;
     create_foos(&ns, MANY).await;
     until_deployments(&ns, MANY / 4).await;
 
+    // What the leader sends from now on waits in the relay; it goes on
+    // syncing until each worker and the Event sender has a request out.
+    relay.hold();
+    let held_at = Timestamp::now();
+    // Time under test: the leader's writes piling up in the relay.
+    tokio::time::sleep(Duration::from_millis(500)).await;
     // SIGSTOP, not SIGKILL: the old leader stays alive, with its syncs and
     // queued events in flight, and would write if it could.
-    let (paused, survivor) = if old == pods[0].name_any() { (&mut a, &b) } else { (&mut b, &a) };
-    signal(paused, "-STOP");
+    signal(&paused, "-STOP");
     // Statuses are frozen until a new leader takes over: below MANY ready,
     // the paused leader had work left.
     assert!(ready_foos(&ns).await < MANY, "the pause must land mid-convergence");
-    let new =
-        wait_until("another pod holding the Lease", TIMEOUT, || async { holding_pod().await.filter(|h| *h != old) })
-            .await;
+    let new = wait_until("another pod holding the Lease", LEASE + EXPIRY_SLACK, || async {
+        holding_pod().await.filter(|h| *h != old)
+    })
+    .await;
     let lease = deploy_lease().await.expect("the Lease");
     let took_over = lease.spec.and_then(|s| s.acquire_time).expect("the new holder's acquireTime").0;
-    let took = converged(&ns, "after the takeover").await;
+    // Its last renewal that reached the API server came before the hold.
+    let replaced_after = took_over.duration_since(held_at).as_secs_f64();
+    println!("leader held and paused: replaced {replaced_after:.2} s after its requests were held (lease {LEASE:?})");
+    assert!(replaced_after < (LEASE + EXPIRY_SLACK).as_secs_f64(), "replaced {replaced_after:.2} s after the hold");
+    let took = converged(&ns, "after the takeover", CONVERGENCE_BOUND).await;
     println!("leader SIGSTOP during the convergence of {MANY} Foos: converged {took:?} after the takeover");
     assert!(took < CONVERGENCE_BOUND, "converging took {took:?}");
-    assert_eq!(metric(survivor, DEPLOY_LEADER_SERIES).await, Some(1.0));
+    assert_eq!(metric(&survivor, DEPLOY_LEADER_SERIES).await, Some(1.0));
 
-    // What a request sent before the pause and answered after it would be:
-    // a write with the old leader's own token, refused by the API server.
-    let old_pod = pods.iter().find(|p| p.name_any() == old).unwrap();
+    // A write with the old leader's own token, refused by the API server,
+    // which says why.
     let status = json!({ "status": { "availableReplicas": 0 } });
-    let late = Api::<Foo>::namespaced(pod_client(old_pod).await, &ns.name)
+    let late = Api::<Foo>::namespaced(pod_client(&pods[0]).await, &ns.name)
         .patch_status("foo-0", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .expect_err("the API server must refuse the old leader's pod");
     assert!(late.to_string().contains(FENCE_POLICY), "{late}");
 
-    // Resumed, it finds its renewal past the deadline and exits, to come
-    // back as a standby.
-    signal(paused, "-CONT");
-    let resumed = Timestamp::now();
-    let started = Instant::now();
-    let exited = loop {
-        if let Some(status) = paused.child.try_wait().expect("wait for the old leader") {
-            break status;
-        }
-        assert!(started.elapsed() < TIMEOUT, "the resumed old leader never exited");
-        // A child process's exit has no watch: polled.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
-    assert!(!exited.success(), "it exits non-zero, having lost the lease: {exited:?}");
+    // The writes it had in flight reach the API server now, the new
+    // leader's fence claimed long since (it has converged).
+    relay.release();
     // What the operator sent (its User-Agent: not the write above), by pod.
-    let requests = audited(&ns.name, USER_AGENT);
-    let by_old: Vec<_> = requests.iter().filter(|r| r.pod.as_deref() == Some(old.as_str())).collect();
-    assert!(!by_old.is_empty(), "the audit log names the old leader's pod");
-    let late: Vec<_> = by_old.iter().filter(|r| r.at > took_over && WRITES.contains(&r.verb.as_str())).collect();
+    let late_writes = || {
+        let requests = audited(&ns.name, USER_AGENT);
+        assert!(requests.iter().any(|r| r.pod.as_deref() == Some(old.as_str())), "the audit log names the old pod");
+        let late = requests.into_iter().filter(|r| r.pod.as_deref() == Some(old.as_str()) && r.at > took_over);
+        late.filter(|r| WRITES.contains(&r.verb.as_str())).collect::<Vec<Audited>>()
+    };
+    // The relay passes them on at once; the API server answers in
+    // milliseconds.
+    let in_flight = wait_until("the old leader's held writes at the API server", Duration::from_secs(5), || async {
+        Some(late_writes()).filter(|late| !late.is_empty())
+    })
+    .await;
+
+    // Resumed, it finds its renewal past the deadline and exits at once,
+    // to come back as a standby.
+    signal(&paused, "-CONT");
+    let resumed = Timestamp::now();
+    // Its renewal timer is long past the renew deadline: it fires as the
+    // process resumes.
+    let exited = wait_until("the resumed old leader to exit", Duration::from_secs(3), || {
+        let status = paused.child.try_wait().expect("wait for the old leader");
+        async move { status }
+    })
+    .await;
+    assert!(!exited.success(), "it exits non-zero, having lost the lease: {exited:?}");
+    let late = late_writes();
     // Its own fence: each write is made only while the fence holds, and it
-    // did not when the old leader resumed; what can still arrive is a
-    // request that had passed its check when the pause came — at most one
-    // per worker and one Event, sent the moment it resumed.
+    // did not when the old leader resumed; what arrived after the takeover
+    // had passed its check before the pause — at most one per worker and
+    // one Event — and nothing came once it resumed.
     let in_flight_at_most = 16 + 1;
-    let after_resuming = late.iter().filter(|r| r.at > resumed + std::time::Duration::from_secs(1)).count();
+    let after_resuming: Vec<_> = late.iter().filter(|r| r.at > resumed).collect();
+    println!(
+        "old leader's writes after the takeover: {} held at the pause, {} in all, {} after resuming",
+        in_flight.len(),
+        late.len(),
+        after_resuming.len()
+    );
     assert!(
-        late.len() <= in_flight_at_most && after_resuming == 0,
+        late.len() <= in_flight_at_most && after_resuming.is_empty(),
         "the old leader ({old}) went on writing after {new} took over: {late:?}"
     );
-    // The API server's fence: none of it admitted.
+    // The API server's fence: every one refused (403, the policy's reason).
     let admitted: Vec<_> = late.iter().filter(|r| r.code.is_none_or(|c| c < 400)).collect();
-    println!("old leader's writes after the takeover: {} sent, {} admitted", late.len(), admitted.len());
     assert!(
         admitted.is_empty(),
         "the API server admitted writes of {old}'s replica after {new} took over: {admitted:?}"
     );
+    assert!(late.iter().any(|r| r.code == Some(403)), "none refused by the fence (403): {late:?}");
 }
 
 /// A leader whose every write the API server's fence refuses — its Role
@@ -434,18 +512,27 @@ async fn a_leader_the_fence_refuses_for_good_says_so_in_an_error_and_in_the_aler
         (metric(&leader, DEPLOY_LEADER_SERIES).await == Some(1.0)).then_some(())
     })
     .await;
+    // Refused from the start: its claim of the fence failed as it took the
+    // Lease.
+    let led = Instant::now();
     create_one_foo(&ns, "refused").await;
 
+    // The watchdog looks every PERIOD: the ERROR comes at its first look
+    // past a lease duration of refusals (2 s more for the log and the poll).
     let log = format!("{}/{}-{}.log", env!("CARGO_TARGET_TMPDIR"), ns.name, pods[0].name_any());
-    wait_until("the ERROR saying the fence refuses this leader", TIMEOUT, || async {
+    let error_within = (led + LEASE + PERIOD + Duration::from_secs(2)).saturating_duration_since(Instant::now());
+    wait_until("the ERROR saying the fence refuses this leader", error_within, || async {
         let log = std::fs::read_to_string(&log).ok()?;
         log.lines()
             .find(|l| l.contains(" ERROR ") && l.contains("leader fence has refused every write"))
             .map(str::to_owned)
     })
     .await;
-    // SampleControllerLeaderFenceRefuses: `> 60` seconds.
-    let refused = wait_until("a minute of refusals", Duration::from_secs(120), || async {
+    // SampleControllerLeaderFenceRefuses: `> 60` seconds, as the gauge
+    // shows it from the watchdog's first look past them.
+    let minute =
+        (led + Duration::from_secs(60) + PERIOD + Duration::from_secs(2)).saturating_duration_since(Instant::now());
+    let refused = wait_until("a minute of refusals", minute, || async {
         metric(&leader, "sample_controller_leader_fence_refused_seconds").await.filter(|s| *s > 60.0)
     })
     .await;
@@ -463,7 +550,7 @@ async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
     let ns = TestNamespace::new("chaos-down").await;
     let mut op = operator(&ns, "before", &[]).await;
     create_foos(&ns, 20).await;
-    converged(&ns, "before the edits").await;
+    converged(&ns, "before the edits", CONVERGE_TIMEOUT).await;
     signal(&op, "-TERM");
     op.child.wait().unwrap();
 
@@ -479,7 +566,7 @@ async fn foo_edits_made_while_the_operator_is_down_are_picked_up_on_restart() {
     create_one_foo(&ns, "late").await;
 
     let _op = operator(&ns, "after", &[]).await;
-    let took = converged(&ns, "after the restart").await;
+    let took = converged(&ns, "after the restart", CONVERGENCE_BOUND).await;
     println!("Foo edits made while the operator was down: in place {took:?} after its restart");
     assert!(took < CONVERGENCE_BOUND, "took {took:?}");
     assert!(deployment(&ns, "foo-10").await.is_none(), "the renamed Foo's old Deployment is removed");

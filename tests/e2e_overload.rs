@@ -26,8 +26,8 @@ const FAULT: Duration = Duration::from_secs(12);
 /// of margin for a loaded 2-core machine.
 const REWATCH: Duration = Duration::from_secs(4);
 /// The longest from a fault's end until an edit made during it is in its
-/// Deployment: watching again, and a sync (the chaos suite's 5 s target for
-/// an outage, and its 3 s of margin).
+/// Deployment: watching again, and a sync (the chaos suite's 6 s target for
+/// an outage, and 2 s of margin).
 const CONVERGED: Duration = Duration::from_secs(8);
 
 /// What the operator did under `fault` and after it.

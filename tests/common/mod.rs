@@ -3,8 +3,9 @@
 //! waits), [`in_process`] (the controller run inside the test), [`process`]
 //! (programs the tests start), [`deployed`] (deploy/ installed, its pods and
 //! their tokens), [`endpoints`] (one HTTP client for their endpoints),
-//! [`audit`] (the API server's audit log) and [`fault_proxy`] (faults
-//! injected between the operator and the API server).
+//! [`audit`] (the API server's audit log), [`fault_proxy`] (faults
+//! injected between the operator and the API server) and [`held_relay`]
+//! (its requests held in flight).
 #![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 pub mod audit;
@@ -12,6 +13,7 @@ pub mod cluster;
 pub mod deployed;
 pub mod endpoints;
 pub mod fault_proxy;
+pub mod held_relay;
 pub mod in_process;
 pub mod process;
 
@@ -19,5 +21,6 @@ pub use audit::*;
 pub use cluster::*;
 pub use deployed::*;
 pub use endpoints::*;
+pub use held_relay::*;
 pub use in_process::*;
 pub use process::*;
