@@ -17,6 +17,13 @@ use sample_controller::Foo;
 use sample_controller::testing::metric_value;
 use serde_json::json;
 
+/// How soon the Foo's status follows a change of its Deployment's pods: the
+/// ReplicaSet and Deployment controllers count them, and the Deployment's
+/// watch brings the Foo to a sync. Normally within a second; ten seconds
+/// allow for a loaded machine and stay short of a periodic resync's 30 s
+/// (upstream's), which would also "follow".
+const FOLLOWS_WITHIN: Duration = Duration::from_secs(10);
+
 async fn wait_for_deployment(ns: &TestNamespace, name: &str, want: impl Fn(&Deployment) -> bool) -> Deployment {
     wait_until(&format!("Deployment {name} in the wanted state"), TIMEOUT, || async {
         deployment(ns, name).await.filter(|d| want(d))
@@ -64,8 +71,17 @@ async fn example_foo_gets_its_deployment_and_a_synced_event() {
     assert_eq!(String::from_utf8_lossy(&got.stdout), "1");
 }
 
+/// Set the `Ready` condition of pod `name`'s status, as a kubelet does when
+/// a readiness probe fails or passes again. kwok leaves it alone: its stage
+/// readies only pods that have no IP yet (hack/kwok/stages.yaml).
+async fn set_ready(ns: &TestNamespace, name: &str, ready: bool) {
+    let status = if ready { "True" } else { "False" };
+    let patch = json!({ "status": { "conditions": [{ "type": "Ready", "status": status }] } });
+    ns.api::<Pod>().patch_status(name, &PatchParams::default(), &Patch::Strategic(&patch)).await.expect("pod status");
+}
+
 #[tokio::test]
-async fn status_available_replicas_follows_ready_pods() {
+async fn status_available_replicas_follows_ready_pods_down_and_up() {
     let ns = TestNamespace::new("status").await;
     let _controller = ns.controller().await;
     create_foo(&ns.api(), "example-foo", "example-foo", Some(2)).await;
@@ -88,6 +104,19 @@ async fn status_available_replicas_follows_ready_pods() {
     let rows: Vec<Vec<&str>> = table.lines().map(|l| l.split_whitespace().collect()).collect();
     assert_eq!(rows[0], ["NAME", "DEPLOYMENT", "DESIRED", "AVAILABLE", "AGE"], "{table}");
     assert_eq!(rows[1][..4], ["example-foo", "example-foo", "2", "2"], "{table}");
+
+    // One pod stops being ready: one fewer available, on the Foo too; and
+    // back once it is ready again. The pods stay the same two throughout.
+    let unready = pods[0].name_any();
+    set_ready(&ns, &unready, false).await;
+    let foo = wait_available(&ns.api(), "example-foo", 1, FOLLOWS_WITHIN).await;
+    let ready = foo.status.unwrap().conditions.into_iter().find(|c| c.type_ == "Ready").unwrap();
+    assert_eq!(ready.status, "False", "{ready:?}");
+    set_ready(&ns, &unready, true).await;
+    wait_available(&ns.api(), "example-foo", 2, FOLLOWS_WITHIN).await;
+    let now = ns.api::<Pod>().list(&ListParams::default()).await.unwrap().items;
+    let uids = |pods: &[Pod]| pods.iter().map(|p| p.uid()).collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(uids(&now), uids(&pods), "readiness changed, not the pods");
 }
 
 #[tokio::test]
@@ -148,17 +177,20 @@ async fn foreign_deployment_is_never_modified() {
     }))
     .unwrap();
     ns.api::<Deployment>().create(&PostParams::default(), &foreign).await.unwrap();
-    // Let the Deployment controller settle its status (it made the
-    // ReplicaSet and its pod) before the snapshot.
-    wait_until("the foreign Deployment's status to settle", TIMEOUT, || async {
+    // Let the Deployment controller finish its rollout (the ReplicaSet, its
+    // pod available) before the snapshot: its last status write says the
+    // new ReplicaSet is available, and a finished rollout's status is not
+    // written again while nothing changes.
+    wait_until("the foreign Deployment's rollout to finish", TIMEOUT, || async {
         let d = deployment(&ns, "example-foo").await?;
         let status = d.status?;
-        (status.observed_generation == Some(1) && status.replicas == Some(1)).then_some(())
+        let done = status.conditions.iter().flatten().any(|c| {
+            c.type_ == "Progressing" && c.status == "True" && c.reason.as_deref() == Some("NewReplicaSetAvailable")
+        });
+        let counted = [status.replicas, status.updated_replicas, status.ready_replicas, status.available_replicas];
+        (status.observed_generation == Some(1) && counted == [Some(1); 4] && done).then_some(())
     })
     .await;
-    // The Deployment controller may still write its status once more; the
-    // snapshot compared below must come after it, and no event says when.
-    tokio::time::sleep(Duration::from_secs(1)).await;
     let before = ns.kubectl_ok(&["get", "deployment", "example-foo", "-o", "json"]);
 
     let controller = ns.controller().await;

@@ -81,8 +81,17 @@ async fn service_account_files(pod: &Pod) -> String {
     dir
 }
 
-/// The container's process, as runc reports it: (uid, root mounted read-only).
-fn container_process(script_pid: u32) -> (String, bool) {
+/// The container's process as the kernel runs it.
+#[derive(Debug, PartialEq)]
+struct Confined {
+    uid: String,
+    read_only_root: bool,
+    /// The limit of its memory cgroup, in bytes.
+    memory_limit: u64,
+}
+
+/// The container's process, as runc reports it, confined as it is.
+fn container_process(script_pid: u32) -> Confined {
     let state = Command::new("runc").args(["state", &format!("sample-controller-{script_pid}")]).output().unwrap();
     let state: serde_json::Value = serde_json::from_slice(&state.stdout).expect("runc state");
     let pid = state["pid"].as_u64().expect("a running container");
@@ -91,7 +100,29 @@ fn container_process(script_pid: u32) -> (String, bool) {
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
     let root = mounts.lines().find(|l| l.split_whitespace().nth(4) == Some("/")).expect("a root mount");
     let read_only = root.split_whitespace().nth(5).unwrap().split(',').any(|o| o == "ro");
-    (uid.to_owned(), read_only)
+    Confined { uid: uid.to_owned(), read_only_root: read_only, memory_limit: memory_cgroup_limit(pid) }
+}
+
+/// The memory limit the kernel holds process `pid` to: its memory cgroup's
+/// `memory.limit_in_bytes` under cgroup v1 (a `memory` controller line in
+/// /proc/PID/cgroup), else its cgroup v2 `memory.max`. Read from the host
+/// side, where /proc/PID/cgroup names the path under /sys/fs/cgroup, not
+/// from the config runc was given: this is what the container ran under.
+fn memory_cgroup_limit(pid: u64) -> u64 {
+    let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let path_of = |wanted: &dyn Fn(&str) -> bool| {
+        cgroups.lines().find_map(|l| {
+            let (_, rest) = l.split_once(':')?;
+            let (controllers, path) = rest.split_once(':')?;
+            wanted(controllers).then(|| path.to_owned())
+        })
+    };
+    let file = match path_of(&|c| c.split(',').any(|c| c == "memory")) {
+        Some(path) => format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"),
+        None => format!("/sys/fs/cgroup{}/memory.max", path_of(&str::is_empty).expect("a cgroup v2 line")),
+    };
+    let limit = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {file}: {e}"));
+    limit.trim().parse().unwrap_or_else(|_| panic!("{file} holds {limit:?}: no limit"))
 }
 
 /// The operator in its container; TERM makes hack/run-image.sh kill it.
@@ -151,11 +182,16 @@ async fn the_image_says_what_it_is_and_the_nodes_run_its_platform() {
     assert_eq!(label("revision").trim_end_matches("-modified"), head.trim(), "the commit it was built from");
 }
 
+/// deploy/'s memory limit for the operator's container, in bytes.
+fn deployed_memory_limit(container: &Container) -> u64 {
+    let memory = container.resources.as_ref().and_then(|r| r.limits.as_ref()?.get("memory").cloned());
+    bytes(&memory.unwrap_or_else(|| panic!("{DEPLOYMENT} sets no memory limit")).0)
+}
+
 /// The image run as `pod`'s container: its token, its name, deploy/'s
 /// arguments and memory limit.
 async fn run_as_deployed(image: &str, pod: &Pod) -> Contained {
     let container = deployed_container();
-    let memory = container.resources.as_ref().and_then(|r| r.limits.as_ref()?.get("memory").cloned()).unwrap();
     let server = config().await.cluster_url;
     let mut run = Command::new("hack/run-image.sh");
     run.arg(image)
@@ -164,7 +200,7 @@ async fn run_as_deployed(image: &str, pod: &Pod) -> Contained {
         .env(POD_NAME_ENV, pod.name_any())
         .env("KUBERNETES_SERVICE_HOST", server.host().unwrap())
         .env("KUBERNETES_SERVICE_PORT", server.port_u16().unwrap().to_string())
-        .env("MEMORY_LIMIT", bytes(&memory.0).to_string());
+        .env("MEMORY_LIMIT", deployed_memory_limit(&container).to_string());
     Contained(start_logged(run, "image").await)
 }
 
@@ -174,8 +210,12 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
     let pods = install_deploy().await;
     let _lease = FreshLease::new();
     let op = run_as_deployed(&image(), &pods[0]).await;
-    let (uid, read_only) = container_process(op.0.child.id());
-    assert_eq!((uid.as_str(), read_only), ("65532", true), "user and root filesystem of the container");
+    let want = Confined {
+        uid: "65532".into(),
+        read_only_root: true,
+        memory_limit: deployed_memory_limit(&deployed_container()),
+    };
+    assert_eq!(container_process(op.0.child.id()), want, "user, root filesystem and memory cgroup of the container");
 
     let ns = TestNamespace::new("image").await;
     ns.kubectl_ok(&["apply", "-f", "artifacts/examples/example-foo.yaml"]);

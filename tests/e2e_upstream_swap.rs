@@ -1,18 +1,22 @@
 //! Swapping upstream's Go sample-controller for this one on a running
-//! cluster, and back. Upstream's controller cannot be built here, so its
-//! Deployments are made exactly as its `newDeployment` makes them (no labels
-//! of their own; `app` and `controller` on the selector and pods; a
-//! controller ownerReference) and its status as `updateFooStatus` writes it;
-//! then ours is started with upstream's README command line.
+//! cluster, and back. Going over, upstream's state is written by the test:
+//! its Deployments exactly as its `newDeployment` makes them (no labels of
+//! their own; `app` and `controller` on the selector and pods; a controller
+//! ownerReference) and its status as `updateFooStatus` writes it; then ours
+//! is started with upstream's README command line. Going back, upstream's
+//! controller logic runs for real: hack/tools/client-go, upstream's
+//! controller.go on client-go (the peer benchmark's reference), is built and
+//! pointed at our Deployments.
 
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::process::Command;
+use std::time::Instant;
 
 use common::*;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::ResourceExt;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
 use sample_controller::constants::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE, USER_AGENT};
@@ -21,7 +25,10 @@ use serde_json::json;
 
 const FOOS: usize = 20;
 
-/// Upstream's `newDeployment(foo)`, as its controller sends it.
+/// Upstream's `newDeployment(foo)`, as its controller sends it: transcribed
+/// from kubernetes/sample-controller's controller.go (lines 388-421 at
+/// 7e64d481a698ac8669377460e1fd32a31763246e, 2026-07-01; the field manager
+/// its writes name is `sample-controller`).
 fn upstreams_deployment(foo: &Foo) -> Deployment {
     let name = foo.name_any();
     let labels = json!({ "app": "nginx", "controller": name });
@@ -166,37 +173,100 @@ async fn swapping_upstream_for_ours_adopts_its_deployments_without_touching_a_po
     assert!(log.contains("-logtostderr (klog) ignored"), "{log}");
 }
 
-#[tokio::test]
-async fn our_deployments_stay_what_upstreams_controller_accepts_as_its_own() {
-    // Swapping back: upstream's syncHandler takes a Deployment as its Foo's
-    // when `metav1.IsControlledBy(deployment, foo)` (a controller
-    // ownerReference with the Foo's uid), and compares replicas only; its
-    // informer maps it back through an ownerReference of kind Foo. Its pods
-    // must be selected by upstream's labels, or a swap back would orphan them.
-    let ns = TestNamespace::new("swapback").await;
-    let _controller = ns.controller().await;
-    let foo = Foo::new("back", FooSpec { deployment_name: "back-nginx".into(), replicas: Some(2) });
-    let foo = ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
-    let ours = wait_for_available(&ns, "back-nginx", 2).await;
+/// The User-Agent of the client-go reference's requests.
+const REFERENCE_AGENT: &str = "client-go-controller-reference/";
 
-    let controllers: Vec<_> = ours.owner_references().iter().filter(|o| o.controller == Some(true)).collect();
-    assert_eq!(controllers.len(), 1, "{controllers:?}");
-    let owner = controllers[0];
-    assert_eq!(owner.uid, foo.uid().unwrap());
-    assert_eq!((owner.api_version.as_str(), owner.kind.as_str()), ("samplecontroller.k8s.io/v1alpha1", "Foo"));
-    assert_eq!((owner.name.as_str(), owner.block_owner_deletion), ("back", Some(true)));
-    let upstream = upstreams_deployment(&foo);
-    let (spec, want) = (ours.spec.as_ref().unwrap(), upstream.spec.as_ref().unwrap());
-    assert_eq!(spec.selector, want.selector);
-    assert_eq!(spec.template.metadata.as_ref().unwrap().labels, want.template.metadata.as_ref().unwrap().labels);
-    assert_eq!(spec.replicas, want.replicas);
-    let containers = |spec: &k8s_openapi::api::apps::v1::DeploymentSpec| {
-        let c = &spec.template.spec.as_ref().unwrap().containers;
-        c.iter().map(|c| (c.name.clone(), c.image.clone())).collect::<Vec<_>>()
-    };
-    assert_eq!(containers(spec), containers(want));
-    assert_eq!(spec.replicas, want.replicas);
-    // Upstream's pods list (by its selector) finds ours.
+/// The client-go reference of upstream's controller (hack/tools/client-go),
+/// built as hack/bench-peers.sh builds it, with the flags the control
+/// plane's own build uses (hack/build-control-plane.sh): the client-go
+/// packages it shares with kube-apiserver come from Go's build cache. Its
+/// path.
+fn built_reference() -> String {
+    let out = format!("{}/client-go-controller-reference", env!("CARGO_TARGET_TMPDIR"));
+    let goflags = format!("{} -mod=readonly -buildvcs=false", std::env::var("GOFLAGS").unwrap_or_default());
+    let started = Instant::now();
+    let build = Command::new("go")
+        .args(["build", "-trimpath", "-o", &out, "."])
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/tools/client-go"))
+        .env("CGO_ENABLED", "0")
+        .env("GOFLAGS", goflags)
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run go, which builds hack/tools/client-go as it builds the plane: {e}"));
+    assert!(build.status.success(), "go build hack/tools/client-go:\n{}", String::from_utf8_lossy(&build.stderr));
+    eprintln!("built the client-go reference in {:.1?}", started.elapsed());
+    out
+}
+
+/// The reference's requests in `ns` that wrote a Deployment.
+fn reference_deployment_writes(ns: &TestNamespace) -> Vec<Audited> {
+    let requests = audited(&ns.name, REFERENCE_AGENT);
+    requests.into_iter().filter(|r| r.resource == "deployments" && WRITES.contains(&r.verb.as_str())).collect()
+}
+
+/// Fail at once if a refusal of upstream's is among `ns`'s Events.
+async fn no_refusal(ns: &TestNamespace) {
+    let events = ns.api::<CoreEvent>().list(&ListParams::default()).await.expect("list events").items;
+    if let Some(e) = events.iter().find(|e| e.reason.as_deref() == Some("ErrResourceExists")) {
+        panic!("upstream's sync refused our Deployment: {:?}", e.message);
+    }
+}
+
+#[tokio::test]
+async fn upstreams_controller_run_on_client_go_takes_our_deployment_as_its_own_without_a_rollout() {
+    // Swapping back: upstream's syncHandler takes a Deployment as its Foo's
+    // when `metav1.IsControlledBy(deployment, foo)`, and compares replicas
+    // only; its informer maps a Deployment back to its Foo through a
+    // controller ownerReference of kind Foo; a replica change makes it send
+    // its whole `newDeployment`, whose selector must be ours (it cannot
+    // change) and whose pod template, if it differed from ours, would roll
+    // every pod. Built first: nothing else runs on this thread yet.
+    let reference = built_reference();
+    let ns = TestNamespace::new("swapback").await;
+    let ours = ns.controller().await;
+    let foo = Foo::new("back", FooSpec { deployment_name: "back-nginx".into(), replicas: Some(2) });
+    ns.api::<Foo>().create(&PostParams::default(), &foo).await.unwrap();
+    wait_for_available(&ns, "back-nginx", 2).await;
+    // Upstream's pods list (by the labels of its `newDeployment`) finds ours.
     let pods = ns.api::<Pod>().list(&ListParams::default().labels("app=nginx,controller=back")).await.unwrap();
     assert_eq!(pods.items.len(), 2);
+    drop(ours);
+    let before = workload(&ns).await;
+
+    let log = format!("{}/{}-reference.log", env!("CARGO_TARGET_TMPDIR"), ns.name);
+    let mut run = Command::new(&reference);
+    run.args(["--kubeconfig", &kubeconfig_path(), "--namespace", &ns.name, "--resync-period", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let _upstream = Process::start(&mut run, "the client-go reference");
+    // Its first sync of the Foo ends in a status update, which it makes only
+    // once it has taken the Deployment as the Foo's (a refusal returns
+    // before it).
+    wait_until(&format!("upstream's sync of Foo back to update its status (log: {log})"), TIMEOUT, || async {
+        no_refusal(&ns).await;
+        let requests = audited(&ns.name, REFERENCE_AGENT);
+        requests
+            .iter()
+            .any(|r| r.verb == "update" && r.subresource.as_deref() == Some("status") && r.code == Some(200))
+            .then_some(())
+    })
+    .await;
+    let writes = reference_deployment_writes(&ns);
+    assert!(writes.is_empty(), "upstream's sync wrote our Deployment: {writes:?}");
+    assert_eq!(workload(&ns).await, before, "nothing re-created, rolled or restarted");
+
+    // Scaled by hand: its informer maps the Deployment to the Foo, and its
+    // update of the replicas leaves the pods' template (and ReplicaSet) as
+    // ours made them.
+    ns.kubectl_ok(&["scale", "deployment", "back-nginx", "--replicas=3"]);
+    let scaled_back = wait_until(&format!("upstream to put back 2 replicas (log: {log})"), TIMEOUT, || async {
+        let d = deployment(&ns, "back-nginx").await?;
+        let observed = d.status.as_ref()?.observed_generation == d.metadata.generation;
+        let updated = reference_deployment_writes(&ns).iter().any(|r| r.verb == "update" && r.code == Some(200));
+        (updated && observed && common::replicas(&d) == Some(2)).then_some(d)
+    })
+    .await;
+    no_refusal(&ns).await;
+    assert_eq!(scaled_back.uid().as_ref(), before.0.get("back-nginx").map(|(uid, _)| uid), "the same Deployment");
+    let (_, replica_sets, _) = workload(&ns).await;
+    assert_eq!(replica_sets, before.1, "upstream's update rolled the pods: its pod template is not ours");
 }

@@ -5,7 +5,7 @@ module github.com/sample-controller-rs/hack/tools/client-go
 go 1.26.0
 
 require (
-	golang.org/x/time v0.16.0
+	golang.org/x/time v0.15.0
 	k8s.io/api v0.37.2
 	k8s.io/apimachinery v0.37.2
 	k8s.io/client-go v0.37.2
