@@ -143,3 +143,49 @@ async fn the_demo_says_when_the_configured_cluster_does_not_answer() {
     assert!(err.contains("did not answer within 5 s"), "{err}");
     assert!(!err.contains("starting the local control plane"), "{err}");
 }
+
+/// README's "two commands" on a machine with no cluster: no KUBECONFIG, no
+/// ~/.kube/config, and no local plane running in the demo's directory. The
+/// demo starts one there, converges on it, and stops it when done.
+#[tokio::test]
+async fn the_demo_with_no_kubeconfig_starts_a_local_control_plane_converges_on_it_and_stops_it() {
+    let plane_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/.local/demo-control-plane");
+    let down = Command::new("hack/local-down.sh").env("LOCAL_UP_DIR", plane_dir).status().expect("local-down");
+    assert!(down.success(), "no demo plane may run before the test");
+    // A home of its own, with no kubeconfig; cargo, rustup and the planes'
+    // build cache are where this machine keeps them.
+    let real_home = std::env::var("HOME").expect("HOME");
+    let home = format!("{}/demo-home", env!("CARGO_TARGET_TMPDIR"));
+    let _ = std::fs::remove_dir_all(&home);
+    std::fs::create_dir_all(&home).unwrap();
+    let or_home = |var: &str, under: &str| std::env::var(var).unwrap_or_else(|_| format!("{real_home}/{under}"));
+    let cache = std::env::var("SAMPLE_CONTROLLER_CACHE")
+        .unwrap_or_else(|_| format!("{}/sample-controller-rs", or_home("XDG_CACHE_HOME", ".cache")));
+    let out = Command::new("hack/demo.sh")
+        .env("HOME", &home)
+        .env("CARGO_HOME", or_home("CARGO_HOME", ".cargo"))
+        .env("RUSTUP_HOME", or_home("RUSTUP_HOME", ".rustup"))
+        .env("SAMPLE_CONTROLLER_CACHE", cache)
+        .env("DEMO_NAMESPACE", "demo-local")
+        // Not the test plane's: its directory, kubeconfig and audit log.
+        .env_remove("KUBECONFIG")
+        .env_remove("LOCAL_UP_DIR")
+        .env_remove("LOCAL_UP_AUDIT_LOG")
+        .env_remove("KEEP")
+        .output()
+        .expect("run hack/demo.sh");
+    let err = stderr(&out);
+    assert!(out.status.success(), "the demo failed without a kubeconfig:\n{err}");
+    assert!(err.contains("no cluster configured: starting the local control plane"), "{err}");
+    assert!(err.contains("converged; the demo took"), "{err}");
+    // Stopped: its directory removed, and no process left that was started
+    // from it (every component's command line names a file in it).
+    assert!(!std::path::Path::new(plane_dir).exists(), "the demo left {plane_dir}");
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(plane_dir))
+        .collect();
+    assert!(left.is_empty(), "the demo left its control plane running: {left:?}");
+}
