@@ -100,8 +100,16 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     let (controller, caches, backlog) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(client::api(&client, settings.namespace.as_deref()), cli.workers.into()));
     let identity = default_identity();
-    let parts =
-        Parts { client: client.clone(), caches, backlog, adoption, metrics, instance: identity.clone(), readiness };
+    let parts = Parts {
+        client: client.clone(),
+        caches,
+        backlog,
+        adoption,
+        metrics,
+        instance: identity.clone(),
+        readiness,
+        reconcile_timeout: cli.reconcile_timeout,
+    };
     if !cli.leader_elect {
         start_adoption(&parts.caches, &parts.adoption, None);
         run_controller(controller, parts, None).await;
@@ -242,15 +250,18 @@ struct Parts {
     /// The Events' `reportingInstance`.
     instance: String,
     readiness: Arc<Readiness>,
+    /// `--reconcile-timeout`.
+    reconcile_timeout: Duration,
 }
 
 /// Run the controller until shutdown, reporting readiness once its caches
 /// are filled; then send the Events still queued. If the future is dropped
 /// instead (lost leadership), queued Events are dropped with it.
 async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option<Arc<Fence>>) {
-    let Parts { client, caches, backlog, adoption, metrics, instance, readiness } = parts;
+    let Parts { client, caches, backlog, adoption, metrics, instance, readiness, reconcile_timeout } = parts;
     let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), fence.clone());
-    let ctx = Arc::new(Context::new(client, caches.clone(), adoption, metrics, Some(instance), fence));
+    let ctx = Context::new(client, caches.clone(), adoption, metrics, Some(instance), fence);
+    let ctx = Arc::new(ctx.with_reconcile_timeout(reconcile_timeout));
     let synced = tokio::spawn(async move {
         if caches.synced().await {
             info!("caches synced");

@@ -85,6 +85,13 @@ pub struct Cli {
     #[arg(long, env = "SAMPLE_CONTROLLER_WORKERS", default_value_t = DEFAULT_WORKERS, value_parser = clap::value_parser!(u16).range(1..))]
     pub workers: u16,
 
+    /// How long one sync of a Foo may take before it is abandoned, counted
+    /// (controller_runtime_reconcile_timeouts_total) and retried with backoff, as
+    /// controller-runtime's ReconciliationTimeout. A healthy sync takes milliseconds;
+    /// the default leaves room for two of the API server's own 60 s request timeouts.
+    #[arg(long, env = "SAMPLE_CONTROLLER_RECONCILE_TIMEOUT", default_value = "2m", value_parser = parse_positive_duration)]
+    pub reconcile_timeout: Duration,
+
     /// Address for Prometheus metrics (/metrics), e.g. ":8443"; "0" (the default, as kubebuilder's)
     /// serves none, so a bare run opens no port but the probes'.
     #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = "0", value_name = "ADDR", value_parser = parse_bind_address)]
@@ -163,6 +170,11 @@ pub fn parse_bind_address(addr: &str) -> Result<BindAddress, String> {
     full.parse().map(|a| BindAddress(Some(a))).map_err(|e| format!("{addr:?}: {e} (expected host:port, :port or 0)"))
 }
 
+/// A [`parse_duration`] above zero: a deadline of nothing would fail every sync.
+fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    parse_duration(s).and_then(|d| if d.is_zero() { Err(format!("{s:?}: must be above zero")) } else { Ok(d) })
+}
+
 /// A duration as Go's `time.ParseDuration` reads it ("15s", "500ms",
 /// "1m30s", "1.5h"), as client-go's leader-election flags take it; not
 /// negative.
@@ -239,5 +251,14 @@ mod tests {
         assert!(cli.leader_elect);
         assert_eq!(cli.workers, 4);
         assert!(Cli::try_parse_from(["sample-controller", "--workers", "0"]).is_err());
+    }
+
+    #[test]
+    fn a_sync_has_a_two_minute_deadline_unless_told_another_above_zero() {
+        let cli = Cli::try_parse_from(["sample-controller"]).unwrap();
+        assert_eq!(cli.reconcile_timeout, Duration::from_secs(120));
+        let cli = Cli::try_parse_from(["sample-controller", "--reconcile-timeout=1500ms"]).unwrap();
+        assert_eq!(cli.reconcile_timeout, Duration::from_millis(1500));
+        assert!(Cli::try_parse_from(["sample-controller", "--reconcile-timeout=0"]).is_err());
     }
 }

@@ -37,6 +37,17 @@ pub enum SyncError {
     /// found it taken and ended the process).
     #[error("Foo {foo}: not written: the API server's leader fence refused a write; checking the Lease")]
     FenceInDoubt { foo: String },
+
+    /// The sync ran past `--reconcile-timeout` (a request the API server
+    /// never answered, say) and was abandoned where it stood; retried with
+    /// backoff, as controller-runtime's `ReconciliationTimeout` does.
+    #[error("Foo {foo}: sync abandoned after {after:?} (--reconcile-timeout)")]
+    TimedOut { foo: String, after: std::time::Duration },
+
+    /// The sync panicked: a bug. That sync alone failed; retried with
+    /// backoff, as controller-runtime recovers a reconcile's panic.
+    #[error("Foo {foo}: sync panicked: {message}")]
+    Panicked { foo: String, message: String },
 }
 
 /// The request of a sync that failed.
@@ -87,6 +98,14 @@ impl SyncError {
     pub fn is_fence_refusal(&self) -> bool {
         matches!(self, SyncError::Api { source: kube::Error::Api(s), .. }
             if (s.code == 403 || s.code == 422) && s.message.contains(&format!("ValidatingAdmissionPolicy '{FENCE_POLICY}'")))
+    }
+
+    /// True for an error that retrying alone cannot fix (controller-runtime's
+    /// terminal errors): a Deployment of someone else's holds the name. It is
+    /// still retried, at the backoff's pace, as nothing else reliably says
+    /// the name was freed; the Foo's status says why it waits.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, SyncError::ResourceExists { .. })
     }
 
     /// True when a retry must wait at least a second: the server failed,
@@ -157,6 +176,22 @@ mod tests {
         assert!(!other_policy.is_fence_refusal(), "another policy's refusal");
         assert!(!refused(409, denied).is_fence_refusal(), "not a refusal by admission");
         assert!(SyncError::FenceInDoubt { foo: "default/f".into() }.retries_slowly(), "held while in doubt");
+    }
+
+    #[test]
+    fn only_a_foreign_deployment_holding_the_name_is_terminal() {
+        let foo = || "default/f".to_owned();
+        assert!(SyncError::ResourceExists { foo: foo(), deployment: "d".into() }.is_terminal());
+        let passing = [
+            answered(403),
+            answered(500),
+            SyncError::NotLeading { foo: foo() },
+            SyncError::TimedOut { foo: foo(), after: std::time::Duration::from_secs(1) },
+            SyncError::Panicked { foo: foo(), message: "bug".into() },
+        ];
+        for error in passing {
+            assert!(!error.is_terminal(), "{error}");
+        }
     }
 
     #[test]

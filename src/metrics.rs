@@ -1,7 +1,10 @@
 //! Prometheus metrics under controller-runtime's names, so dashboards and
 //! alerts written for kubebuilder operators work unchanged:
 //! `controller_runtime_reconcile_total{controller,result}`,
-//! `controller_runtime_reconcile_errors_total{controller}`,
+//! `controller_runtime_reconcile_errors_total{controller}` and, of those
+//! errors, `controller_runtime_reconcile_timeouts_total`,
+//! `controller_runtime_reconcile_panics_total` and
+//! `controller_runtime_terminal_reconcile_errors_total`,
 //! `controller_runtime_reconcile_time_seconds{controller}`,
 //! `controller_runtime_active_workers{controller}`,
 //! `controller_runtime_max_concurrent_reconciles{controller}`, and
@@ -76,6 +79,9 @@ pub struct Metrics {
     registry: Registry,
     reconcile_total: Family<ResultLabels, Counter>,
     reconcile_errors: Family<ControllerLabels, Counter>,
+    reconcile_timeouts: Family<ControllerLabels, Counter>,
+    reconcile_panics: Family<ControllerLabels, Counter>,
+    terminal_errors: Family<ControllerLabels, Counter>,
     reconcile_time: Family<ControllerLabels, Histogram>,
     active_workers: Family<ControllerLabels, Gauge>,
     max_workers: Family<ControllerLabels, Gauge>,
@@ -102,6 +108,9 @@ impl Metrics {
             registry: Registry::default(),
             reconcile_total: Family::default(),
             reconcile_errors: Family::default(),
+            reconcile_timeouts: Family::default(),
+            reconcile_panics: Family::default(),
+            terminal_errors: Family::default(),
             reconcile_time: Family::new_with_constructor(|| Histogram::new(RECONCILE_TIME_BUCKETS)),
             active_workers: Family::default(),
             max_workers: Family::default(),
@@ -129,6 +138,21 @@ impl Metrics {
             "controller_runtime_reconcile_errors",
             "Total number of reconciliation errors per controller",
             self.reconcile_errors.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile_timeouts",
+            "Total number of reconciliation timeouts per controller",
+            self.reconcile_timeouts.clone(),
+        );
+        r.register(
+            "controller_runtime_reconcile_panics",
+            "Total number of reconciliation panics per controller",
+            self.reconcile_panics.clone(),
+        );
+        r.register(
+            "controller_runtime_terminal_reconcile_errors",
+            "Total number of terminal reconciliation errors per controller",
+            self.terminal_errors.clone(),
         );
         r.register(
             "controller_runtime_reconcile_time_seconds",
@@ -186,7 +210,10 @@ impl Metrics {
         for result in [RESULT_SUCCESS, RESULT_ERROR, RESULT_REQUEUE, RESULT_REQUEUE_AFTER] {
             let _ = self.reconcile_total.get_or_create(&result_labels(result));
         }
-        let _ = self.reconcile_errors.get_or_create(&controller_labels());
+        for counter in [&self.reconcile_errors, &self.reconcile_timeouts, &self.reconcile_panics, &self.terminal_errors]
+        {
+            let _ = counter.get_or_create(&controller_labels());
+        }
         let _ = self.active_workers.get_or_create(&controller_labels());
         let _ = self.reconcile_time.get_or_create(&controller_labels());
         let build = BuildLabels { version: env!("CARGO_PKG_VERSION").into(), revision: REVISION.into() };
@@ -207,6 +234,21 @@ impl Metrics {
             self.reconcile_errors.get_or_create(&controller_labels()).inc();
         }
         self.reconcile_time.get_or_create(&controller_labels()).observe(took.as_secs_f64());
+    }
+
+    /// Count a sync abandoned at its deadline (also counted as an error).
+    pub fn count_timeout(&self) {
+        self.reconcile_timeouts.get_or_create(&controller_labels()).inc();
+    }
+
+    /// Count a sync that panicked (also counted as an error).
+    pub fn count_panic(&self) {
+        self.reconcile_panics.get_or_create(&controller_labels()).inc();
+    }
+
+    /// Count an error retrying alone cannot fix (also counted as an error).
+    pub fn count_terminal(&self) {
+        self.terminal_errors.get_or_create(&controller_labels()).inc();
     }
 
     /// Count a worker busy until the returned guard is dropped — also when a
@@ -289,6 +331,23 @@ mod tests {
         assert_eq!([total("success"), total("error"), total("requeue"), total("requeue_after")], [1.0, 1.0, 0.0, 1.0]);
         assert_eq!(value(&m, r#"controller_runtime_reconcile_errors_total{controller="foo"}"#), 1.0);
         assert_eq!(value(&m, r#"controller_runtime_reconcile_time_seconds_count{controller="foo"}"#), 3.0);
+    }
+
+    #[test]
+    fn timeouts_panics_and_terminal_errors_start_at_zero_and_count_apart() {
+        let m = Metrics::new();
+        let series = |name: &str| format!(r#"controller_runtime_{name}_total{{controller="foo"}}"#);
+        let counts = |m: &Metrics| {
+            ["reconcile_timeouts", "reconcile_panics", "terminal_reconcile_errors"].map(|n| value(m, &series(n)))
+        };
+        assert_eq!(counts(&m), [0.0; 3], "dashboards find them before the first failure");
+        m.count_timeout();
+        m.count_panic();
+        m.count_panic();
+        m.count_terminal();
+        m.count_terminal();
+        m.count_terminal();
+        assert_eq!(counts(&m), [1.0, 2.0, 3.0]);
     }
 
     #[test]

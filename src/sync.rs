@@ -4,8 +4,12 @@
 //! that finds the name taken reads the Deployment once and asks `decide`
 //! again; a delete or status write whose object is already gone is done.
 
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use futures::FutureExt;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -43,7 +47,12 @@ pub struct Context {
     pub(crate) fence: Option<Arc<Fence>>,
     /// Consecutive failures per Foo, for the retry backoff.
     pub failures: Failures,
+    /// How long one sync may take (`--reconcile-timeout`).
+    pub reconcile_timeout: Duration,
 }
+
+/// `--reconcile-timeout`'s default, [`Context::new`]'s too.
+pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Context {
     /// `instance` is the Events' `reportingInstance`; a `fence`, under
@@ -57,7 +66,22 @@ impl Context {
         fence: Option<Arc<Fence>>,
     ) -> Self {
         let events = Publisher::start(client.clone(), instance, fence.clone(), metrics.queue.clone());
-        Context { client, caches, adoption, events, metrics, fence, failures: Failures::default() }
+        let failures = Failures::default();
+        Context {
+            client,
+            caches,
+            adoption,
+            events,
+            metrics,
+            fence,
+            failures,
+            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
+        }
+    }
+
+    /// This context with syncs abandoned after `deadline`.
+    pub fn with_reconcile_timeout(self, deadline: Duration) -> Self {
+        Context { reconcile_timeout: deadline, ..self }
     }
 
     /// `Err` once this replica may no longer write as the leader, or while
@@ -90,12 +114,44 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     let _active = ctx.metrics.worker_started();
     let _working = ctx.metrics.queue.started(&queue_key(&obj));
     let started = Instant::now();
-    let result = sync(foo, &ctx).await;
+    let result = guarded(sync(foo, &ctx), &queue_key(&obj), &ctx).await;
     ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref());
-    if result.is_ok() {
-        ctx.failures.reset(&obj);
+    match &result {
+        Ok(_) => ctx.failures.reset(&obj),
+        Err(e) if e.is_terminal() => ctx.metrics.count_terminal(),
+        Err(_) => {}
     }
     result
+}
+
+/// `sync` within the context's deadline, a panic in it caught: a sync that
+/// hangs or panics fails alone, and is retried like any failed sync, as
+/// controller-runtime does (`ReconciliationTimeout`, `RecoverPanic`).
+/// Without this a hung request would hold its Foo until the client's own
+/// timeout (minutes), and a panic would end the controller's stream, every
+/// Foo with it.
+async fn guarded(sync: impl Future<Output = Result<Action>>, foo: &str, ctx: &Context) -> Result<Action> {
+    let deadline = ctx.reconcile_timeout;
+    match tokio::time::timeout(deadline, AssertUnwindSafe(sync).catch_unwind()).await {
+        Ok(Ok(result)) => result,
+        Ok(Err(panic)) => {
+            ctx.metrics.count_panic();
+            Err(Error::Panicked { foo: foo.to_owned(), message: panic_message(panic.as_ref()) })
+        }
+        Err(_) => {
+            ctx.metrics.count_timeout();
+            Err(Error::TimedOut { foo: foo.to_owned(), after: deadline })
+        }
+    }
+}
+
+/// What `panic!` was given, when it was text (it almost always is).
+fn panic_message(panic: &(dyn Any + Send)) -> String {
+    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
+        (Some(text), _) => (*text).to_owned(),
+        (_, Some(text)) => text.clone(),
+        _ => "(a panic with no message)".to_owned(),
+    }
 }
 
 /// Retry a failed sync after a per-Foo exponential backoff, no sooner than
@@ -118,6 +174,8 @@ pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
         }
         // Our cached copy was behind; the retry reads the newer one.
         e if e.is_conflict() => info!(error = %err, retry_in = ?delay, "object changed since cached; retrying"),
+        Error::TimedOut { .. } => error!(error = %err, retry_in = ?delay, "sync timed out"),
+        Error::Panicked { .. } => error!(error = %err, retry_in = ?delay, "sync panicked"),
         _ => error!(error = %err, retry_in = ?delay, "sync failed"),
     }
     Action::requeue(delay)
@@ -144,6 +202,12 @@ impl Target {
     }
 }
 
+/// Test builds only (the `test-hooks` feature, which the tests' builds turn
+/// on and the release build never has): the sync of a Foo whose name starts
+/// with this panics, so a test can show a panic fails that sync alone.
+#[cfg(feature = "test-hooks")]
+pub const PANICS_IN_SYNC: &str = "test-panics-in-sync-";
+
 /// One sync, in the order of upstream's `syncHandler`: read the Foo, get or
 /// create its Deployment (refusing one the Foo does not control), match its
 /// replicas, write the Foo's status, record the Event. [`decide`] makes
@@ -153,6 +217,8 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     // last status write if the cache has not seen it yet.
     let foo = ctx.caches.foos.latest(foo);
     let target = Target::of(&foo)?;
+    #[cfg(feature = "test-hooks")]
+    assert!(!target.name.starts_with(PANICS_IN_SYNC), "Foo {}: a test asked this sync to panic", target.key);
     // Upstream's Deployments are labelled (adopted) before any sync acts.
     ctx.adoption.finished().await;
     let observed = Observed::from_caches(&foo, &target, ctx);

@@ -461,7 +461,7 @@ async fn behind_an_https_proxy_it_reconciles_through_the_proxy() {
 }
 
 #[tokio::test]
-async fn metrics_count_reconciles_and_errors() {
+async fn metrics_count_reconciles_errors_and_of_those_the_terminal_ones() {
     let ns = TestNamespace::new("metrics").await;
     let op = spawn_operator(&ns.name, &kubeconfig_path(), &[], &format!("{}-op", ns.name)).await;
     wait_until("the operator to be ready", TIMEOUT, || async {
@@ -481,6 +481,7 @@ async fn metrics_count_reconciles_and_errors() {
     }
     assert_eq!(metric(&op, SUCCESS_SERIES).await, Some(0.0));
     assert_eq!(metric(&op, RECONCILE_ERRORS_SERIES).await, Some(0.0));
+    assert_eq!(metric(&op, TERMINAL_SERIES).await, Some(0.0));
 
     create_foo(&ns.api(), "good", "good", Some(1)).await;
     wait_until("a successful reconcile to be counted", TIMEOUT, || async {
@@ -489,7 +490,8 @@ async fn metrics_count_reconciles_and_errors() {
     .await;
     assert_eq!(metric(&op, RECONCILE_ERRORS_SERIES).await, Some(0.0));
 
-    // A Foo naming a Deployment that is not its own fails every sync.
+    // A Foo naming a Deployment that is not its own fails every sync, with
+    // an error retrying alone cannot fix: a terminal one.
     let foreign = deployment(&ns, "good").await.unwrap();
     let mut taken = foreign.clone();
     taken.metadata = kube::api::ObjectMeta { name: Some("taken".into()), ..Default::default() };
@@ -499,7 +501,8 @@ async fn metrics_count_reconciles_and_errors() {
     wait_until("errors to be counted", TIMEOUT, || async {
         let errors = metric(&op, RECONCILE_ERRORS_SERIES).await?;
         let failed = metric(&op, FAILED_RECONCILES_SERIES).await?;
-        (errors >= 2.0 && failed == errors).then_some(())
+        let terminal = metric(&op, TERMINAL_SERIES).await?;
+        (errors >= 2.0 && failed == errors && terminal == errors).then_some(())
     })
     .await;
     let count = metric(&op, "controller_runtime_reconcile_time_seconds_count{controller=\"foo\"}").await.unwrap();
@@ -658,4 +661,45 @@ async fn sigterm_finishes_in_flight_syncs_and_sends_queued_events_before_exiting
         };
         assert!(synced.iter().any(|e| regarding(&e)), "Foo {name}: status written, its Synced event never sent");
     }
+}
+
+const TERMINAL_SERIES: &str = "controller_runtime_terminal_reconcile_errors_total{controller=\"foo\"}";
+const PANICS_SERIES: &str = "controller_runtime_reconcile_panics_total{controller=\"foo\"}";
+
+/// A sync that panics (the tests' builds make a Foo named for it panic:
+/// `PANICS_IN_SYNC`) fails alone: counted, logged with its Foo and retried
+/// with backoff, while the process, its other Foos and its Lease go on.
+#[tokio::test]
+async fn a_sync_that_panics_fails_alone_counted_logged_and_retried_and_the_leader_keeps_its_lease() {
+    use sample_controller::sync::PANICS_IN_SYNC;
+    let ns = TestNamespace::new("panic").await;
+    let mut op = spawn_candidate(&ns.name, LEASE, "panicky").await;
+    let leader = holder_within(&ns, TIMEOUT).await;
+    let panicky = format!("{PANICS_IN_SYNC}a");
+    create_foo(&ns.api(), &panicky, "panicky", Some(1)).await;
+    // Twice: the panic, and its retry after the first backoff.
+    wait_until("two panicked syncs counted", Duration::from_secs(10), || async {
+        (metric(&op, PANICS_SERIES).await? >= 2.0).then_some(())
+    })
+    .await;
+    for i in 0..3 {
+        create_foo(&ns.api(), &format!("foo-{i}"), &format!("foo-{i}"), Some(1)).await;
+    }
+    for i in 0..3 {
+        wait_available(&ns.api(), &format!("foo-{i}"), 1, TIMEOUT).await;
+    }
+    assert!(op.child.try_wait().unwrap().is_none(), "the operator exited");
+    assert_eq!(metric(&op, LEADER_SERIES).await, Some(1.0), "it stopped leading");
+    assert_eq!(holder(&ns).await, Some(leader), "the Lease changed hands");
+    let panics = metric(&op, PANICS_SERIES).await.unwrap();
+    assert!(metric(&op, RECONCILE_ERRORS_SERIES).await.unwrap() >= panics, "a panic is also an error");
+    let log = std::fs::read_to_string(format!("{}/{}-panicky.log", env!("CARGO_TARGET_TMPDIR"), ns.name)).unwrap();
+    let said = format!("Foo {}/{panicky}: sync panicked", ns.name);
+    assert!(log.contains(&said), "the log does not say which Foo's sync panicked ({said:?}):\n{log}");
+    assert!(deployment(&ns, "panicky").await.is_none(), "the panicking sync wrote");
+}
+
+/// The holder of the test Lease, once there is one.
+async fn holder_within(ns: &TestNamespace, within: Duration) -> String {
+    wait_until("a holder of the test Lease", within, || holder(ns)).await
 }

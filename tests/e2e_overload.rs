@@ -275,3 +275,50 @@ async fn another_writers_condition_written_after_our_cache_saw_the_foo_survives_
     assert!(types.contains(&"BackedUp"), "the other writer's condition was erased: {types:?}");
     assert!(types.contains(&CONDITION_READY), "{types:?}");
 }
+
+/// What a deadline test reads of the in-process controller's metrics.
+fn counted(operator: &RunningController, series: &str) -> f64 {
+    sample_controller::testing::metric_value(&operator.metrics.encode(), series).unwrap_or_default()
+}
+
+const TIMEOUTS: &str = "controller_runtime_reconcile_timeouts_total{controller=\"foo\"}";
+
+/// A Foo whose status write the API server never answers (the proxy holds
+/// it, as a wedged connection would) has its sync abandoned at
+/// `--reconcile-timeout`, counted, and tried again after a backoff; the
+/// other Foos converge meanwhile on the remaining worker.
+#[tokio::test]
+async fn a_sync_whose_write_is_never_answered_is_abandoned_at_its_deadline_counted_and_retried_while_others_converge() {
+    let ns = TestNamespace::new("hung-sync").await;
+    let proxy = FaultProxy::start(config().await, &[]).await;
+    proxy.hang(&format!("/namespaces/{}/foos/hung/status", ns.name));
+    let deadline = Duration::from_secs(2);
+    let operator = start_controller_timed(proxy.config(), Some(&ns.name), 2, deadline);
+    let foos: Api<Foo> = ns.api();
+    create_foo(&foos, "hung", "hung", Some(1)).await;
+    for i in 0..3 {
+        create_foo(&foos, &format!("foo-{i}"), &format!("foo-{i}"), Some(1)).await;
+    }
+    for i in 0..3 {
+        wait_available(&foos, &format!("foo-{i}"), 1, TIMEOUT).await;
+    }
+    // Two timeouts: the first, and its retry's (a deadline each, and the
+    // first backoff between them).
+    wait_until("the hung sync timed out twice", deadline * 4, || async {
+        (counted(&operator, TIMEOUTS) >= 2.0).then_some(())
+    })
+    .await;
+    let held: Vec<_> =
+        proxy.seen().into_iter().filter(|s| s.resource == "foos/status" && s.verb == "patch" && !s.passed).collect();
+    assert!(held.len() >= 2, "the hung write was not tried again: {held:?}");
+    // Each try came once the last one's sync had met its deadline, not at
+    // once: a quarter of it spared for the Deployment create that came
+    // before the first sync's status write.
+    for pair in held.windows(2) {
+        let gap = pair[1].at - pair[0].at;
+        assert!(gap >= deadline * 3 / 4, "tried again {gap:?} after the last try, before its {deadline:?} deadline");
+    }
+    let errors = "controller_runtime_reconcile_errors_total{controller=\"foo\"}";
+    assert!(counted(&operator, errors) >= counted(&operator, TIMEOUTS), "a timeout is also an error");
+    assert_eq!(deployment(&ns, "hung").await.as_ref().and_then(replicas), Some(1), "its Deployment was made");
+}

@@ -4,8 +4,9 @@
 //! the client's own `User-Agent` kept (so the audit log still tells clients
 //! apart). On command it answers chosen requests itself — a status with or
 //! without `Retry-After`, after a delay, or by dropping the connection — and
-//! it ends every open watch. It records every request it saw, by verb and
-//! resource, and whether it passed.
+//! it ends every open watch; and it can leave the requests to one path
+//! unanswered for good (a write the API server never answers). It records
+//! every request it saw, by verb and resource, and whether it passed.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -55,6 +56,8 @@ struct State {
     /// Lease through the fault, as the measurement did).
     spared: Vec<&'static str>,
     seen: Mutex<Vec<Seen>>,
+    /// Paths (a part of one) whose requests are never answered.
+    hung: Mutex<Vec<String>>,
     /// Bumped to end every open watch.
     cuts: watch::Sender<u64>,
     upstream: Client,
@@ -87,6 +90,7 @@ impl FaultProxy {
             fault: Mutex::new(Fault::None),
             spared: spared.to_vec(),
             seen: Mutex::default(),
+            hung: Mutex::default(),
             cuts: watch::Sender::new(0),
             upstream,
         });
@@ -117,6 +121,13 @@ impl FaultProxy {
         *self.state.fault.lock() = fault;
     }
 
+    /// Leave every request whose path contains `part` unanswered from now
+    /// on, for as long as the proxy lives: it reaches no API server, and
+    /// its client waits until it gives up.
+    pub fn hang(&self, part: &str) {
+        self.state.hung.lock().push(part.to_owned());
+    }
+
     /// End every watch open now (the connection is dropped mid-stream).
     pub fn cut_watches(&self) {
         self.state.cuts.send_modify(|n| *n += 1);
@@ -137,6 +148,10 @@ async fn handle(
     let mut cuts = state.cuts.subscribe();
     cuts.mark_unchanged();
     let (verb, resource) = classify(&request);
+    if state.hung.lock().iter().any(|part| request.uri().path().contains(part.as_str())) {
+        state.seen.lock().push(Seen { at: Instant::now(), verb, resource, passed: false });
+        return std::future::pending().await;
+    }
     let fault =
         if state.spared.iter().any(|s| resource.starts_with(s)) { Fault::None } else { state.fault.lock().clone() };
     let passed = matches!(fault, Fault::None | Fault::Delay(_));

@@ -2,6 +2,7 @@
 //! namespace, or as single syncs over caches a test fills.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -15,7 +16,7 @@ use sample_controller::controller::{self, Settings};
 use sample_controller::deployment::DeploymentView;
 use sample_controller::metrics::Metrics;
 use sample_controller::shard::Shard;
-use sample_controller::sync::Context;
+use sample_controller::sync::{Context, DEFAULT_RECONCILE_TIMEOUT};
 
 /// A controller running in this test process, stopped when dropped.
 pub struct RunningController {
@@ -38,6 +39,16 @@ pub fn start_controller(config: Config, namespace: Option<&str>) -> RunningContr
 
 /// [`start_controller`] with `workers` concurrent syncs.
 pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u16) -> RunningController {
+    start_controller_timed(config, namespace, workers, DEFAULT_RECONCILE_TIMEOUT)
+}
+
+/// [`start_controller_with`], each sync abandoned after `deadline`.
+pub fn start_controller_timed(
+    config: Config,
+    namespace: Option<&str>,
+    workers: u16,
+    deadline: Duration,
+) -> RunningController {
     let metrics = Arc::new(Metrics::new());
     let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
     let settings =
@@ -46,7 +57,8 @@ pub fn start_controller_with(config: Config, namespace: Option<&str>, workers: u
     let adoption = Arc::new(Adoption::new(sample_controller::client::api(&client, namespace), workers.into()));
     let adopting = start_adoption(&caches, &adoption, None);
     let ctx = Context::new(client.clone(), caches, adoption, metrics.clone(), Some("integration-test".into()), None);
-    let task = tokio::spawn(controller::run(controller, Arc::new(ctx), backlog));
+    let ctx = Arc::new(ctx.with_reconcile_timeout(deadline));
+    let task = tokio::spawn(controller::run(controller, ctx, backlog));
     RunningController { tasks: [task, adopting], metrics }
 }
 
