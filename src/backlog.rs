@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use crate::cache::by_name;
 use crate::foo::Foo;
-use crate::workqueue::{Key, QueueMetrics, queue_key};
+use crate::workqueue::{Key, Priority, QueueMetrics, queue_key};
 
 /// Foos the backlog lets in at a time, per worker: one waiting for each
 /// worker besides the one it runs, so that no worker waits for the next
@@ -44,6 +44,16 @@ pub enum Lane {
     Now,
     /// Through the backlog, behind what changes meanwhile.
     Later,
+}
+
+impl Lane {
+    /// How the queue's metrics rank a Foo of this lane.
+    fn priority(self) -> Priority {
+        match self {
+            Lane::Now => Priority::Change,
+            Lane::Later => Priority::FirstSync,
+        }
+    }
 }
 
 /// The lane of a Foo's first sync after a start, a relist or taking the
@@ -89,7 +99,7 @@ impl Backlog {
 
     /// Sync `foo`, by `lane`.
     pub fn push(&self, foo: ObjectRef<Foo>, lane: Lane) {
-        self.queue.added(queue_key(&foo));
+        self.queue.added_as(queue_key(&foo), lane.priority());
         self.state.lock().push(foo, lane);
         self.changed.notify_one();
     }
@@ -98,7 +108,7 @@ impl Backlog {
     /// [`first_sync_lane`].
     pub fn push_all(&self, foos: impl IntoIterator<Item = Arc<Foo>>) {
         let pushed: Vec<_> = foos.into_iter().map(|foo| (by_name(&*foo), first_sync_lane(&foo))).collect();
-        pushed.iter().for_each(|(foo, _)| self.queue.added(queue_key(foo)));
+        pushed.iter().for_each(|(foo, lane)| self.queue.added_as(queue_key(foo), lane.priority()));
         let mut state = self.state.lock();
         pushed.into_iter().for_each(|(foo, lane)| state.push(foo, lane));
         drop(state);

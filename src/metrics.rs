@@ -357,7 +357,8 @@ mod tests {
         m.rest_requests
             .get_or_create(&RestLabels { code: "200".into(), method: "GET".into(), host: "h:1".into() })
             .inc();
-        assert_eq!(value(&m, r#"workqueue_depth{name="foo",controller="foo"}"#), 1.0);
+        assert_eq!(value(&m, r#"workqueue_depth{name="foo",controller="foo",priority="0"}"#), 1.0);
+        assert_eq!(value(&m, r#"workqueue_depth{name="foo",controller="foo",priority="-100"}"#), 0.0);
         assert_eq!(value(&m, r#"workqueue_adds_total{name="foo",controller="foo"}"#), 1.0);
         assert_eq!(value(&m, r#"rest_client_requests_total{code="200",method="GET",host="h:1"}"#), 1.0);
         assert!(value(&m, "process_resident_memory_bytes") > 1e6);

@@ -3,7 +3,8 @@
 //! `workqueue_queue_duration_seconds`, `workqueue_work_duration_seconds`,
 //! `workqueue_retries_total`, `workqueue_unfinished_work_seconds`,
 //! `workqueue_longest_running_processor_seconds`, labels `name` and
-//! `controller`).
+//! `controller`; the depth also `priority`, as controller-runtime's priority
+//! queue labels it since v0.23: [`Priority`]).
 //!
 //! kube-runtime's scheduler is not a client-go workqueue and does not expose
 //! itself, so the queue is observed from outside: an *add* is a trigger the
@@ -27,6 +28,7 @@ use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
@@ -34,6 +36,36 @@ use prometheus_client::registry::Registry;
 
 /// A queued Foo: `namespace/name`.
 pub type Key = String;
+
+/// Why a Foo waits, as controller-runtime's priority queue ranks it in
+/// `workqueue_depth{priority}`: `0` for a change, `-100`
+/// (`handler.LowPriority`, which it gives the objects of an initial list)
+/// for the first sync of a Foo already in sync when this replica started,
+/// relisted or took the Lease ([`crate::backlog`]'s later lane). A
+/// dashboard tells the start-up flood from changes waiting by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Priority {
+    Change,
+    FirstSync,
+}
+
+impl Priority {
+    /// The `priority` label's value, controller-runtime's number.
+    fn label(self) -> &'static str {
+        match self {
+            Priority::Change => "0",
+            Priority::FirstSync => "-100",
+        }
+    }
+}
+
+/// A Foo waiting for a sync.
+#[derive(Debug)]
+struct Waiting {
+    /// When it was (or falls) due.
+    due: Instant,
+    priority: Priority,
+}
 
 /// Slots the pending table keeps once empty; a larger one is let go.
 const KEPT: usize = 64;
@@ -63,8 +95,8 @@ pub struct QueueMetrics {
 
 #[derive(Debug, Default)]
 struct State {
-    /// Foos waiting for a sync, with the time they were (or fall) due.
-    pending: HashMap<Key, Instant>,
+    /// Foos waiting for a sync.
+    pending: HashMap<Key, Waiting>,
     /// Syncs running, with their start.
     running: HashMap<u64, Instant>,
     next_id: u64,
@@ -75,7 +107,7 @@ impl State {
     /// has drained, its table goes too, even if a few Foos still wait out a
     /// retry.
     fn take(&mut self, key: &str) -> Option<Instant> {
-        let due = self.pending.remove(key);
+        let due = self.pending.remove(key).map(|waiting| waiting.due);
         let (len, capacity) = (self.pending.len(), self.pending.capacity());
         if capacity > KEPT && len * 4 < capacity {
             self.pending.shrink_to((len * 2).max(KEPT / 2));
@@ -133,17 +165,29 @@ impl QueueMetrics {
         sub.register_collector(Box::new(self.clone()));
     }
 
-    /// A trigger for `key` arrived.
+    /// A trigger for `key` arrived: a change.
     pub fn added(&self, key: Key) {
+        self.added_as(key, Priority::Change);
+    }
+
+    /// A trigger for `key` arrived, as `priority`; a change raises a Foo
+    /// already waiting for its first sync, as controller-runtime raises an
+    /// item added again with a higher priority.
+    pub fn added_as(&self, key: Key, priority: Priority) {
         self.adds.inc();
-        self.state().pending.entry(key).or_insert_with(Instant::now);
+        let mut state = self.state();
+        let waiting = state.pending.entry(key).or_insert_with(|| Waiting { due: Instant::now(), priority });
+        if priority == Priority::Change {
+            waiting.priority = Priority::Change;
+        }
     }
 
     /// A failed sync of `key` is retried after `delay`.
     pub fn retried(&self, key: Key, delay: Duration) {
         self.retries.inc();
         self.adds.inc();
-        self.state().pending.entry(key).or_insert_with(|| Instant::now() + delay);
+        let due = Instant::now() + delay;
+        self.state().pending.entry(key).or_insert(Waiting { due, priority: Priority::Change });
     }
 
     /// `key` will not be synced (it was deleted, or a standby passed it by).
@@ -179,39 +223,66 @@ impl QueueMetrics {
         let now = Instant::now();
         // In a burst nearly every entry is due, so the scan stops at one of
         // the first; only when every waiting Foo backs off does it read all.
-        workers > 0 && state.running.len() >= workers && state.pending.values().any(|due| *due <= now)
+        workers > 0 && state.running.len() >= workers && state.pending.values().any(|waiting| waiting.due <= now)
     }
 
     fn state(&self) -> parking_lot::MutexGuard<'_, State> {
         self.state.lock()
     }
 
-    /// Depth, unfinished work and the longest running sync, now.
-    fn snapshot(&self) -> (i64, f64, f64) {
+    /// Depth (changes, first syncs), unfinished work and the longest
+    /// running sync, now.
+    fn snapshot(&self) -> Snapshot {
         let now = Instant::now();
         let state = self.state();
-        let depth = state.pending.values().filter(|due| **due <= now).count();
+        let due = state.pending.values().filter(|waiting| waiting.due <= now);
+        let (changes, first_syncs) = due.fold((0, 0), |(c, f), waiting| match waiting.priority {
+            Priority::Change => (c + 1, f),
+            Priority::FirstSync => (c, f + 1),
+        });
         let running = state.running.values().map(|start| now.duration_since(*start).as_secs_f64());
-        let (total, longest) = running.fold((0.0, 0.0_f64), |(sum, max), s| (sum + s, max.max(s)));
-        (i64::try_from(depth).unwrap_or(i64::MAX), total, longest)
+        let (unfinished, longest) = running.fold((0.0, 0.0_f64), |(sum, max), s| (sum + s, max.max(s)));
+        Snapshot { changes, first_syncs, unfinished, longest }
+    }
+}
+
+/// The gauges' values at one scrape.
+#[derive(Debug, PartialEq)]
+struct Snapshot {
+    /// Due Foos waiting for a sync, by [`Priority`].
+    changes: u32,
+    first_syncs: u32,
+    unfinished: f64,
+    longest: f64,
+}
+
+#[cfg(test)]
+impl Snapshot {
+    fn depth(&self) -> u32 {
+        self.changes + self.first_syncs
     }
 }
 
 /// The gauges computed at scrape time.
 impl prometheus_client::collector::Collector for QueueMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let (depth, unfinished, longest) = self.snapshot();
-        let gauges: [(&str, &str, ConstGauge<f64>); 3] = [
-            ("workqueue_depth", "Current depth of workqueue", ConstGauge::new(depth as f64)),
+        let now = self.snapshot();
+        let help = "Current depth of workqueue by workqueue and priority";
+        let mut family = encoder.encode_descriptor("workqueue_depth", help, None, MetricType::Gauge)?;
+        for (priority, waiting) in [(Priority::Change, now.changes), (Priority::FirstSync, now.first_syncs)] {
+            let labels = [("priority", priority.label())];
+            ConstGauge::new(f64::from(waiting)).encode(family.encode_family(&labels)?)?;
+        }
+        let gauges: [(&str, &str, ConstGauge<f64>); 2] = [
             (
                 "workqueue_unfinished_work_seconds",
                 "How many seconds of work has been done that is in progress and hasn't been observed by work_duration",
-                ConstGauge::new(unfinished),
+                ConstGauge::new(now.unfinished),
             ),
             (
                 "workqueue_longest_running_processor_seconds",
                 "How many seconds has the longest running processor for workqueue been running",
-                ConstGauge::new(longest),
+                ConstGauge::new(now.longest),
             ),
         ];
         for (name, help, gauge) in gauges {
@@ -232,19 +303,42 @@ mod tests {
         q.added("ns/a".into());
         q.added("ns/b".into());
         q.retried("ns/c".into(), Duration::from_secs(60)); // not due yet
-        assert_eq!(q.snapshot().0, 2);
+        assert_eq!(q.snapshot().depth(), 2);
         assert_eq!(q.adds.get(), 4);
         let working = q.started("ns/a");
         std::thread::sleep(Duration::from_millis(30));
-        let (depth, unfinished, longest) = q.snapshot();
+        let Snapshot { changes: depth, unfinished, longest, .. } = q.snapshot();
         assert_eq!(depth, 1);
         assert!(unfinished >= 0.03 && longest >= 0.03, "a sync running for 30 ms: {unfinished}, {longest}");
         drop(working);
         assert_eq!(q.state().running.len(), 0);
-        assert_eq!((q.snapshot().1, q.snapshot().2), (0.0, 0.0), "nothing running");
+        assert_eq!((q.snapshot().unfinished, q.snapshot().longest), (0.0, 0.0), "nothing running");
         q.forget("ns/b");
-        assert_eq!(q.snapshot().0, 0);
+        assert_eq!(q.snapshot().depth(), 0);
         assert_eq!(q.retries.get(), 1);
+    }
+
+    #[test]
+    fn first_syncs_and_changes_are_told_apart_and_a_change_raises_a_waiting_first_sync() {
+        let q = QueueMetrics::default();
+        q.added_as("ns/listed".into(), Priority::FirstSync);
+        q.added_as("ns/listed-then-edited".into(), Priority::FirstSync);
+        q.added("ns/edited".into());
+        q.added("ns/listed-then-edited".into()); // an edit while it waited
+        q.added_as("ns/edited".into(), Priority::FirstSync); // a relist finds it: still a change
+        let now = q.snapshot();
+        assert_eq!((now.changes, now.first_syncs), (2, 1));
+        let text = {
+            let mut registry = Registry::default();
+            std::sync::Arc::new(q).register(&mut registry, "foo");
+            let mut text = String::new();
+            prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+            text
+        };
+        for (priority, depth) in [("0", 2), ("-100", 1)] {
+            let series = format!(r#"workqueue_depth{{name="foo",controller="foo",priority="{priority}"}} {depth}"#);
+            assert!(text.contains(&series), "no {series} in\n{text}");
+        }
     }
 
     #[test]

@@ -37,7 +37,11 @@ struct ShardOperator {
 /// (a stalled shard never syncs it at all).
 const NOT_STALLED: Duration = Duration::from_secs(10);
 
-const DEPTH_SERIES: &str = "workqueue_depth{name=\"foo\",controller=\"foo\"}";
+/// Changes and first syncs waiting.
+const DEPTH_SERIES: [&str; 2] = [
+    "workqueue_depth{name=\"foo\",controller=\"foo\",priority=\"0\"}",
+    "workqueue_depth{name=\"foo\",controller=\"foo\",priority=\"-100\"}",
+];
 const ACTIVE_WORKERS_SERIES: &str = "controller_runtime_active_workers{controller=\"foo\"}";
 
 /// Grant `user` deploy/'s ClusterRole, and in `ns` what deploy/'s
@@ -192,7 +196,7 @@ async fn three_shards_reconcile_each_foo_exactly_once_a_relabelled_foo_moves_and
         // running: a sync of late-b, had it been sent late-b, has run.
         wait_until(&format!("{name} synced and shard {} idle", op.user), NOT_STALLED, || async {
             synced(ns.api::<Foo>().get_opt(name).await.ok()?).then_some(())?;
-            let depth = metric(&op.process, DEPTH_SERIES).await?;
+            let depth = metric(&op.process, DEPTH_SERIES[0]).await? + metric(&op.process, DEPTH_SERIES[1]).await?;
             let active = metric(&op.process, ACTIVE_WORKERS_SERIES).await?;
             (depth == 0.0 && active == 0.0).then_some(())
         })

@@ -508,7 +508,8 @@ async fn a_standby_syncs_nothing() {
     let action = mock.sync(&foo, vec![]).await.unwrap();
     assert_eq!(action, Action::await_change());
     // Nor does it report the Foo as waiting (the backlog alert reads this).
-    let depth = metric_value(&mock.ctx.metrics.encode(), r#"workqueue_depth{name="foo",controller="foo"}"#);
+    let depth =
+        metric_value(&mock.ctx.metrics.encode(), r#"workqueue_depth{name="foo",controller="foo",priority="0"}"#);
     assert_eq!(depth, Some(0.0), "a standby's queue depth grows with every trigger");
 }
 
