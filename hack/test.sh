@@ -125,7 +125,7 @@ trap summary EXIT
 
 # Under the workspace whatever CARGO_TARGET_DIR says (nextest's store.dir).
 junit="target/nextest/default/junit.xml"
-run_tests() { # cargo nextest run args...; adds "passed failed" from its JUnit report to the totals
+run_tests() { # cargo nextest run args...; adds "passed failed skipped" from its JUnit report to the totals
   local rc=0 tests failures errors skipped
   rm -f "$junit"
   cargo nextest run --locked --no-tests=fail "$@" || rc=$?

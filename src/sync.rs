@@ -127,9 +127,9 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
 /// `sync` within the context's deadline, a panic in it caught: a sync that
 /// hangs or panics fails alone, and is retried like any failed sync, as
 /// controller-runtime does (`ReconciliationTimeout`, `RecoverPanic`).
-/// Without this a hung request would hold its Foo until the client's own
-/// timeout (minutes), and a panic would end the controller's stream, every
-/// Foo with it.
+/// Without this a request never answered would hold its Foo for good (the
+/// client sets no read timeout), and a panic would end the controller's
+/// stream, every Foo with it.
 async fn guarded(sync: impl Future<Output = Result<Action>>, foo: &str, ctx: &Context) -> Result<Action> {
     let deadline = ctx.reconcile_timeout;
     match tokio::time::timeout(deadline, AssertUnwindSafe(sync).catch_unwind()).await {
