@@ -467,6 +467,27 @@ mod tests {
         assert!(g.series.len() <= 2 * GENERATIONS, "{} series remembered", g.series.len());
     }
 
+    /// The forgotten series are swept out when the table has doubled since
+    /// the last sweep (at least twice what a Recorder remembers): a sweep
+    /// reads every series, so one per event would make each event cost the
+    /// whole table (cargo-mutants: nothing noticed a sweep on every event).
+    #[test]
+    fn series_are_swept_when_the_table_doubles_not_on_every_event() {
+        let (mut g, t) = (Generations::new(10), Instant::now());
+        for key in 0..20 {
+            pick(&mut g, key, t);
+        }
+        assert_eq!(g.swept, 0, "swept before the table held twice what a Recorder remembers");
+        pick(&mut g, 20, t);
+        assert_eq!(g.swept, 20, "an event finding 20 series sweeps (none over: all kept)");
+        for key in 21..40 {
+            pick(&mut g, key, t);
+        }
+        assert_eq!(g.swept, 20, "swept again before the table doubled");
+        pick(&mut g, 40, t);
+        assert_eq!(g.swept, 40);
+    }
+
     #[test]
     fn a_series_is_one_kind_of_event_about_one_object() {
         let warning = EventSpec { type_: EventType::Warning, ..synced() };

@@ -144,6 +144,17 @@ impl MetricsAuth {
 mod tests {
     use super::*;
 
+    /// An allowed scraper is reviewed again after a minute; a refused one
+    /// after 10 s, so a fixed binding takes effect soon.
+    #[test]
+    fn an_allowed_answer_is_kept_longer_than_a_refusal() {
+        assert_eq!(Access::Allowed.cached_for(), ALLOWED_FOR);
+        for refused in [Access::Forbidden, Access::Unauthenticated] {
+            assert_eq!(refused.cached_for(), DENIED_FOR, "{refused:?}");
+        }
+        assert!(ALLOWED_FOR > DENIED_FOR);
+    }
+
     #[test]
     fn only_a_bearer_token_is_taken() {
         let table = [
