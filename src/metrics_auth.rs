@@ -190,6 +190,35 @@ mod tests {
         serde_json::from_slice(&sent).unwrap()
     }
 
+    /// A cache key of its own for `n`.
+    fn key(n: usize) -> [u8; 32] {
+        let mut key = [0; 32];
+        key[..8].copy_from_slice(&n.to_le_bytes());
+        key
+    }
+
+    /// The cache never holds more than MAX_CACHED answers: at the bound the
+    /// expired ones go first, and only when none has expired does it start
+    /// over (tokens past the bound are someone trying many).
+    #[tokio::test]
+    async fn the_review_cache_stays_within_its_bound_dropping_expired_answers_first() {
+        let auth = MetricsAuth::new(mocked().0);
+        let past = Instant::now() - Duration::from_secs(1);
+        {
+            let mut cache = auth.cache.lock();
+            cache.insert(key(0), (Access::Allowed, Instant::now() + ALLOWED_FOR));
+            cache.extend((1..MAX_CACHED).map(|n| (key(n), (Access::Allowed, past))));
+        }
+        auth.remember(key(MAX_CACHED), Access::Forbidden);
+        assert_eq!(auth.cache.lock().len(), 2, "the expired answers go, the live one and the new one stay");
+        assert_eq!(auth.cached(&key(0)), Some(Access::Allowed));
+        assert_eq!(auth.cached(&key(MAX_CACHED)), Some(Access::Forbidden));
+        for n in 1..=MAX_CACHED + 10 {
+            auth.remember(key(MAX_CACHED + n), Access::Allowed);
+            assert!(auth.cache.lock().len() <= MAX_CACHED, "{} answers cached", auth.cache.lock().len());
+        }
+    }
+
     const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
     const ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
 
