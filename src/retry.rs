@@ -86,6 +86,30 @@ mod tests {
         assert_eq!(retry_delay(backoff_delay(12), true), backoff_delay(12), "a longer backoff stands");
     }
 
+    fn foo(name: &str) -> ObjectRef<Foo> {
+        ObjectRef::new(name).within("default")
+    }
+
+    /// Each Foo backs off on its own failures, starts over after a success,
+    /// and one deleted while failing is forgotten when another starts
+    /// failing (cargo-mutants: no test noticed a zero delay, a reset that
+    /// did nothing or a map that never forgot).
+    #[test]
+    fn each_foo_backs_off_on_its_own_failures_and_starts_over_after_a_success() {
+        let failures = Failures::default();
+        let all = |_: &ObjectRef<Foo>| true;
+        let ms = Duration::from_millis;
+        let a: Vec<_> = (0..3).map(|_| failures.next_delay(foo("a"), all)).collect();
+        assert_eq!(a, [ms(5), ms(10), ms(20)]);
+        assert_eq!(failures.next_delay(foo("b"), all), ms(5), "b's first failure");
+        failures.reset(&foo("a"));
+        assert_eq!(failures.next_delay(foo("a"), all), ms(5), "a succeeded in between");
+        // a is deleted; c's first failure sweeps it out.
+        assert_eq!(failures.next_delay(foo("c"), |f: &ObjectRef<Foo>| f.name != "a"), ms(5));
+        assert_eq!(failures.counts.lock().len(), 2, "b and c");
+        assert_eq!(failures.next_delay(foo("a"), all), ms(5), "a, back, starts over");
+    }
+
     #[test]
     fn backoff_doubles_from_5ms_and_caps_at_1000s() {
         assert_eq!(backoff_delay(0), Duration::from_millis(5));
