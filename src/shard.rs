@@ -354,7 +354,8 @@ mod tests {
     #[test]
     fn a_bad_selector_is_refused_with_what_is_wrong() {
         for (given, says) in [
-            ("", "empty"),
+            ("", "the shard selector is empty"),
+            (" ", "the shard selector is empty"),
             ("shard in (a", "unbalanced"),
             ("shard=a)", "unbalanced"),
             ("shard=a b", "not a label value"),
@@ -369,6 +370,16 @@ mod tests {
             let err = Shard::parse(given).unwrap_err();
             assert!(err.contains(says), "{given:?}: {err}");
         }
+    }
+
+    /// A key's DNS prefix takes lower-case letters, digits and dashes
+    /// (cargo-mutants: no test had a digit in a prefix).
+    #[test]
+    fn a_key_prefix_may_hold_digits_and_dashes() {
+        for key in ["team2.example.com/shard", "a-1.b/shard", "0.io/shard"] {
+            assert!(Shard::parse(&format!("{key}=a")).is_ok(), "{key}");
+        }
+        assert!(Shard::parse("Team.example.com/shard=a").is_err(), "no upper case in a prefix");
     }
 
     #[test]
@@ -430,6 +441,25 @@ mod tests {
         let mut in_set = Some(labels(&[("shard", "a")]));
         set.trim_labels(&mut in_set);
         assert_eq!(in_set, Some(labels(&[("shard", "a")])), "several values admitted: each object says which");
+    }
+
+    /// Each key's value is fixed by its own requirement alone; one key
+    /// left open (several values, or any) leaves the shard unfixed
+    /// (cargo-mutants: no test had two keys or a one-value set).
+    #[test]
+    fn a_selector_fixes_its_labels_only_when_every_key_has_one_value_or_none() {
+        let fixed = |selector: &str| Shard::parse(selector).unwrap().fixed.map(|f| (*f).clone());
+        let map = |pairs: &[(&str, Option<&str>)]| -> FollowedLabels {
+            pairs.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect()
+        };
+        assert_eq!(fixed("shard=a,!team"), Some(map(&[("shard", Some("a")), ("team", None)])));
+        assert_eq!(fixed("team=x,shard in (a)"), Some(map(&[("shard", Some("a")), ("team", Some("x"))])));
+        assert_eq!(fixed("!shard,team in (x)"), Some(map(&[("shard", None), ("team", Some("x"))])));
+        for open in
+            ["shard=a,team", "!team,shard", "shard in (a,b),team=x", "shard=a,team!=x", "shard=a,team notin (x)"]
+        {
+            assert_eq!(fixed(open), None, "{open}: one key admits several values");
+        }
     }
 
     #[test]
