@@ -48,10 +48,6 @@ const RECOVERY_TARGET: Duration = Duration::from_secs(6);
 const CONVERGENCE_BOUND: Duration = Duration::from_secs(15);
 /// A convergence no bound is claimed for (the Foos' first, before a fault).
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(180);
-/// How late after a Lease's expiry a standby may take it: the watch's
-/// delivery of the last renewal and one write; the standby sleeps until the
-/// expiry itself (src/leader.rs, `acquire`).
-const EXPIRY_SLACK: Duration = Duration::from_secs(1);
 
 /// `hack/local-chaos.sh ACTION COMPONENT` on the test control plane.
 fn chaos(action: &str, component: &str) {
@@ -445,11 +441,7 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_
     let resumed = Timestamp::now();
     // Its renewal timer is long past the renew deadline: it fires as the
     // process resumes.
-    let exited = wait_until("the resumed old leader to exit", Duration::from_secs(3), || {
-        let status = paused.child.try_wait().expect("wait for the old leader");
-        async move { status }
-    })
-    .await;
+    let exited = exited_within(&mut paused, Duration::from_secs(3), "the resumed old leader to exit").await;
     assert!(!exited.success(), "it exits non-zero, having lost the lease: {exited:?}");
     let late = late_writes();
     // Its own fence: each write is made only while the fence holds, and it

@@ -21,12 +21,6 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const FAILED_RECONCILES_SERIES: &str = "controller_runtime_reconcile_total{controller=\"foo\",result=\"error\"}";
 
-/// How late after a Lease's expiry a standby may take it: the watch's
-/// delivery of the dead leader's last renewal, and the standby's one write.
-/// No retry period: the standby sleeps until the expiry itself, timed from
-/// when its watch showed that renewal (src/leader.rs, `acquire`).
-const EXPIRY_SLACK: Duration = Duration::from_secs(1);
-
 /// From taking the Lease to a Foo created meanwhile in its Deployment: a hot
 /// standby syncs from its caches at once (docs/operations.md targets 1 s at
 /// 10 000 Foos; here one Foo, on a loaded 2-core machine).
@@ -42,16 +36,6 @@ const SHUTDOWN_BOUND: Duration = Duration::from_secs(10);
 
 /// The test Lease (`election_args`).
 const TEST_LEASE: &str = "sample-controller-test";
-
-/// The operator's exit status once it has exited, within `bound`.
-async fn exited_within(op: &mut Operator, bound: Duration, what: &str) -> std::process::ExitStatus {
-    // A child process's exit has no watch: polled.
-    wait_until(what, bound, || {
-        let status = op.child.try_wait().expect("wait for the operator");
-        async move { status }
-    })
-    .await
-}
 
 fn seconds(from: Timestamp, to: Timestamp) -> f64 {
     to.duration_since(from).as_secs_f64()

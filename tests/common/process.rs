@@ -90,6 +90,22 @@ pub fn listening_ports(pid: u32) -> BTreeSet<u16> {
 /// 1 s retry.
 pub const LEASE: Duration = Duration::from_secs(5);
 
+/// How late after a Lease's expiry a standby may take it: the watch's
+/// delivery of the dead leader's last renewal, and the standby's one write.
+/// No retry period: the standby sleeps until the expiry itself, timed from
+/// when its watch showed that renewal (src/leader.rs, `acquire`).
+pub const EXPIRY_SLACK: Duration = Duration::from_secs(1);
+
+/// The operator's exit status once it has exited, within `bound`.
+pub async fn exited_within(op: &mut Operator, bound: Duration, what: &str) -> std::process::ExitStatus {
+    // A child process's exit has no watch: polled.
+    wait_until(what, bound, || {
+        let status = op.child.try_wait().expect("wait for the operator");
+        async move { status }
+    })
+    .await
+}
+
 pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name: &str) -> Operator {
     start_logged(operator_command(ns, kubeconfig, extra), log_name).await
 }
