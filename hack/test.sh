@@ -167,6 +167,10 @@ use_plane() { # minor
   # The chaos tests restart the plane's components through LOCAL_UP_DIR;
   # tests count requests in its audit log.
   export LOCAL_UP_AUDIT_LOG="$LOCAL_UP_DIR/audit.log"
+  # tests/e2e_tenants.rs writes about a gigabyte of revisions (Foos and
+  # Deployments filled to the API server's limits, each write a copy):
+  # etcd's largest recommended quota, not its default 2 GiB.
+  export LOCAL_UP_ETCD_QUOTA=$((8 << 30))
   planes_up+=("$LOCAL_UP_DIR")
   local up
   up="$(hack/local-up.sh)" || die "the Kubernetes $1 control plane could not be started (see above); integration tests cannot run"

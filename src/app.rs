@@ -12,7 +12,7 @@ use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
-use crate::adoption::Adoption;
+use crate::adoption::{Adoption, CachedFoo};
 use crate::backlog::Backlog;
 use crate::cache::Caches;
 use crate::check;
@@ -232,7 +232,11 @@ pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<A
         debug!("caches synced; adoption pass starting");
         let cached_foo = |foo: &ObjectRef<Foo>| {
             let foo = caches.foos.get(foo)?;
-            Some((foo.uid()?, caches.shard.follow_cached(foo.metadata.labels.as_ref())))
+            Some(CachedFoo {
+                uid: foo.uid()?,
+                deployment_name: foo.spec.deployment_name.clone(),
+                followed: caches.shard.follow_cached(foo.metadata.labels.as_ref()),
+            })
         };
         let may_write = || leader::may_write(fence.as_deref());
         adoption.run(cached_foo, may_write, |adopted| caches.deployments.wrote(None, Some(adopted))).await;

@@ -2,12 +2,16 @@
 //! kept by watches in kube-runtime reflector stores, so a sync reads memory
 //! and never the API server.
 //!
-//! Two things are added to the plain reflector:
+//! Three things are added to the plain reflector:
 //! - objects are **trimmed** before they are stored ([`trim_deployment`],
-//!   [`trim_foo`]): a sync needs a handful of fields, and at ten thousand Foos
-//!   the rest (managedFields, annotations) is most of the memory. Deployments
-//!   are decoded as a [`DeploymentView`], so their pod templates are never
-//!   even built;
+//!   [`trim_foo`]) to what a sync reads, whatever else they carry: at ten
+//!   thousand Foos the rest (managedFields, annotations) is most of the
+//!   memory, and anyone who may edit a Foo or a Deployment writes it
+//!   (finalizers, ownerReferences, annotations, other tools' conditions have
+//!   no size bound but the API server's object limit), so what is cached is
+//!   bounded by the number of objects, not by what users write in them.
+//!   Deployments are decoded as a [`DeploymentView`], so their pod templates
+//!   are never even built;
 //! - **our own writes are seen at once** ([`Cache::wrote`]). A watch delivers
 //!   our write a few milliseconds after the API server acknowledged it; a sync
 //!   that runs in between would otherwise see the old object and repeat the
@@ -30,6 +34,7 @@
 
 mod index;
 mod own_writes;
+pub mod wire;
 
 use std::fmt::Debug;
 use std::sync::Arc;
@@ -201,6 +206,9 @@ pub fn trim_deployment(shard: &Shard) -> impl Fn(&mut DeploymentView) + Send + S
     let shard = shard.clone();
     move |d| {
         trim_metadata(d);
+        // A sync reads a Deployment's owner by its controller reference only.
+        let controller = crate::deployment::controller_of(&*d).cloned();
+        d.metadata.owner_references = controller.map(|owner| vec![owner]);
         d.managed = d.is_managed();
         // Once: a view trimmed before has its labels in `shard_labels` already.
         if d.shard_labels.is_none() {
@@ -210,13 +218,19 @@ pub fn trim_deployment(shard: &Shard) -> impl Fn(&mut DeploymentView) + Send + S
     }
 }
 
-/// Keep a Foo's spec, status, identity and the labels its Deployment follows
-/// (read back by [`Shard::follow_cached`]).
+/// Keep a Foo's spec, identity, the labels its Deployment follows (read
+/// back by [`Shard::follow_cached`]) and the status the controller owns:
+/// other writers' conditions are theirs to keep (the status write is a
+/// server-side apply of ours alone).
 pub fn trim_foo(shard: &Shard) -> impl Fn(&mut Foo) + Send + Sync + 'static {
     let shard = shard.clone();
     move |foo| {
         trim_metadata(foo);
+        foo.metadata.owner_references = None;
         shard.trim_labels(&mut foo.metadata.labels);
+        if let Some(status) = &mut foo.status {
+            status.keep_owned_by_controller();
+        }
     }
 }
 
@@ -232,11 +246,14 @@ pub fn by_name<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectRef<K> {
     }
 }
 
+/// What no sync reads of any object.
 fn trim_metadata<K: Resource>(obj: &mut K) {
     let meta = obj.meta_mut();
     meta.managed_fields = None;
     // kubectl's last-applied-configuration is a copy of the whole object.
     meta.annotations = None;
+    meta.finalizers = None;
+    meta.generate_name = None;
 }
 
 #[cfg(test)]

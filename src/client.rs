@@ -108,6 +108,24 @@ pub fn patch_params() -> PatchParams {
     PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
 }
 
+/// Send `request` and decode its response as it streams in: serde reads the
+/// body on a blocking thread through a synchronous bridge, so no copy of it
+/// is held whole (kube's own calls hold it twice, as bytes and as text,
+/// beside the decoded object). With a `T` that skips what it does not need
+/// ([`crate::cache::wire`]), a response's size costs no memory.
+pub async fn send_streamed<T>(client: &Client, request: http::Request<Vec<u8>>) -> kube::Result<T>
+where
+    T: serde::de::DeserializeOwned + Send + 'static,
+{
+    use tokio_util::compat::FuturesAsyncReadCompatExt;
+    let body = client.request_stream(request).await?;
+    let reader = tokio_util::io::SyncIoBridge::new(Box::pin(body).compat());
+    tokio::task::spawn_blocking(move || serde_json::from_reader(std::io::BufReader::new(reader)))
+        .await
+        .map_err(|e| kube::Error::Service(e.into()))?
+        .map_err(kube::Error::SerdeError)
+}
+
 /// A server-side apply's parameters: our field manager, taking over the
 /// fields it applies from any other manager (a controller's own fields, as
 /// the API conventions ask of controllers).

@@ -75,6 +75,17 @@ pub fn message_deleted_old(deployment_name: &str) -> String {
     format!("Deleted Deployment {deployment_name:?}, which this Foo no longer names")
 }
 
+/// Event reason when the adoption pass left alone a Deployment this Foo
+/// controls under a name it no longer gives (upstream leaves those running).
+pub const REASON_NOT_ADOPTED: &str = "OldDeploymentNotAdopted";
+pub fn message_not_adopted(deployment_name: &str) -> String {
+    format!(
+        "Deployment {deployment_name:?} is controlled by this Foo but not named by spec.deploymentName: \
+         it was left running, unmanaged; delete it when it is no longer needed \
+         (kubectl delete deployment {deployment_name})"
+    )
+}
+
 /// Event `action` fields (the Events API requires one; not shown by kubectl).
 pub const ACTION_RECONCILE: &str = "Reconcile";
 

@@ -8,7 +8,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::{Stream, StreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use kube::Client;
 use kube::runtime::controller::{Action, Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
@@ -17,6 +17,7 @@ use kube::runtime::watcher;
 use tracing::{debug, info};
 
 use crate::backlog::{Backlog, Lane, first_sync_lane};
+use crate::cache::wire::{FooWire, foo_event};
 use crate::cache::{Cache, Caches, by_name, trim_deployment, trim_foo};
 use crate::client::api;
 use crate::deployment::{DeploymentView, controlling_foo, managed_selector};
@@ -84,7 +85,8 @@ pub fn build(
     let deployment_watch = base.labels(&shard.narrow(&managed_selector()));
     let (foos, foo_writer) = Cache::new(trim_foo(shard));
     let (deployments, deployment_writer) = Cache::new(trim_deployment(shard));
-    let foo_events = watch(api::<Foo>(client, settings.namespace.as_deref()), foo_watch);
+    // Decoded without what a sync never reads (`cache::wire`).
+    let foo_events = watch(api::<FooWire>(client, settings.namespace.as_deref()), foo_watch).map_ok(foo_event);
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
     let deployment_events = watch(api::<DeploymentView>(client, settings.namespace.as_deref()), deployment_watch)
         .inspect(move |event| {

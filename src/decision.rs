@@ -265,6 +265,12 @@ fn status_with(foo: &Foo, available: i32, mut cond: Condition, now: &Time) -> Op
     (foo.status.as_ref() != Some(&want)).then_some(want)
 }
 
+/// The Warning a Foo's sync sends for a Deployment the adoption pass left
+/// alone ([`crate::adoption`]).
+pub fn not_adopted(deployment_name: &str) -> EventSpec {
+    warning(REASON_NOT_ADOPTED, message_not_adopted(deployment_name))
+}
+
 fn warning(reason: &'static str, message: String) -> EventSpec {
     EventSpec { type_: EventType::Warning, reason, message }
 }

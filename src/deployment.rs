@@ -136,6 +136,9 @@ pub fn desired_deployment(foo: &Foo, followed: &FollowedLabels) -> Option<Deploy
 /// strings), is skipped while parsing and never kept.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentView {
+    /// Read without annotations, finalizers, managedFields and owners other
+    /// than the controller ([`crate::cache::wire::metadata`]).
+    #[serde(deserialize_with = "crate::cache::wire::metadata")]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<ViewSpec>,

@@ -112,8 +112,20 @@ impl FooStatus {
     /// The part of this status the controller owns: its fields and its own
     /// condition, without the conditions other writers keep there.
     pub fn owned_by_controller(&self) -> FooStatus {
-        let conditions = self.conditions.iter().filter(|c| c.type_ == CONDITION_READY).cloned().collect();
-        FooStatus { conditions, ..self.clone() }
+        FooStatus {
+            available_replicas: self.available_replicas,
+            observed_generation: self.observed_generation,
+            conditions: self.conditions.iter().filter(|c| Self::owns(c)).cloned().collect(),
+        }
+    }
+
+    /// Drop the conditions other writers keep here, in place.
+    pub fn keep_owned_by_controller(&mut self) {
+        self.conditions.retain(Self::owns);
+    }
+
+    fn owns(condition: &Condition) -> bool {
+        condition.type_ == CONDITION_READY
     }
 }
 

@@ -21,10 +21,11 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{error, info, warn};
 
 use crate::adoption::Adoption;
-use crate::cache::Caches;
-use crate::client::{apply_params, patch_params, post_params};
+use crate::cache::wire::FooWire;
+use crate::cache::{Caches, by_name};
+use crate::client::{apply_params, patch_params, post_params, send_streamed};
 use crate::constants::*;
-use crate::decision::{DeploymentAction, Outcome, Plan, decide};
+use crate::decision::{DeploymentAction, Outcome, Plan, decide, not_adopted};
 use crate::deployment::{DeploymentView, is_controlled_by};
 use crate::error::{ApiAction, SyncError as Error, SyncResult as Result};
 use crate::events::Publisher;
@@ -221,6 +222,9 @@ async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     assert!(!target.name.starts_with(PANICS_IN_SYNC), "Foo {}: a test asked this sync to panic", target.key);
     // Upstream's Deployments are labelled (adopted) before any sync acts.
     ctx.adoption.finished().await;
+    for name in ctx.adoption.take_left_alone(&by_name(&*foo)) {
+        ctx.events.publish(not_adopted(&name), foo.object_ref(&()));
+    }
     let observed = Observed::from_caches(&foo, &target, ctx);
     let plan = decide(&foo, observed.current.as_deref(), &observed.owned, &observed.followed, &observed.now);
     log_plan(&target, &plan);
@@ -430,8 +434,13 @@ async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) ->
     ctx.may_write(target)?;
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
     let patch = Foo::status_apply(&target.name, status.owned_by_controller());
-    match foos.patch_status(&target.name, &apply_params(), &Patch::Apply(&patch)).await {
-        Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated)),
+    // The response is the whole Foo, whatever its users put in it: decoded
+    // as the cache keeps it (`cache::wire`), never held whole.
+    let request = kube::core::Request::new(foos.resource_url())
+        .patch_subresource("status", &target.name, &apply_params(), &Patch::Apply(&patch))
+        .map_err(|e| target.api_error(ApiAction::ApplyFooStatus)(kube::Error::BuildRequest(e)))?;
+    match send_streamed::<FooWire>(&ctx.client, request).await {
+        Ok(updated) => ctx.caches.foos.wrote(Some(foo), Some(updated.into())),
         // Deleted meanwhile: the garbage collector takes it from here.
         Err(kube::Error::Api(s)) if s.is_not_found() => {}
         Err(e) => return Err(target.api_error(ApiAction::ApplyFooStatus)(e)),

@@ -19,7 +19,9 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::ResourceExt;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use sample_controller::constants::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE, USER_AGENT};
+use sample_controller::constants::{
+    LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE, REASON_NOT_ADOPTED, USER_AGENT, message_not_adopted,
+};
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 
@@ -171,6 +173,55 @@ async fn swapping_upstream_for_ours_adopts_its_deployments_without_touching_a_po
     let log = std::fs::read_to_string(format!("{}/{}-swap.log", env!("CARGO_TARGET_TMPDIR"), ns.name)).unwrap();
     assert!(log.contains("-v=2 (klog) maps to RUST_LOG="), "the klog flag's notice:\n{log}");
     assert!(log.contains("-logtostderr (klog) ignored"), "{log}");
+}
+
+/// A Foo whose `deploymentName` was changed while upstream ran: upstream
+/// created the new Deployment and left the old one serving (it deletes
+/// nothing). Switching to ours must not delete it: the old one stays as it
+/// was, unlabelled, and the Foo gets one Warning saying so; the new one is
+/// adopted as usual.
+#[tokio::test]
+async fn a_deployment_a_foo_renamed_under_upstream_keeps_serving_after_the_swap_and_is_reported_once() {
+    let ns = TestNamespace::new("swap-renamed").await;
+    let spec = FooSpec { deployment_name: "renamed-old".into(), replicas: Some(1) };
+    let foo = ns.api::<Foo>().create(&PostParams::default(), &Foo::new("renamed", spec)).await.expect("create Foo");
+    ns.api::<Deployment>().create(&PostParams::default(), &upstreams_deployment(&foo)).await.expect("create old");
+    let rename = json!({ "spec": { "deploymentName": "renamed-new" } });
+    let foo = ns.api::<Foo>().patch("renamed", &PatchParams::default(), &Patch::Merge(&rename)).await.unwrap();
+    ns.api::<Deployment>().create(&PostParams::default(), &upstreams_deployment(&foo)).await.expect("create new");
+    let old = wait_for_available(&ns, "renamed-old", 1).await;
+    wait_for_available(&ns, "renamed-new", 1).await;
+
+    let _ours = started_like_upstream(&ns).await;
+    wait_until("the Foo's Deployment adopted", TIMEOUT, || async {
+        deployment(&ns, "renamed-new").await.filter(managed)
+    })
+    .await;
+    let warning = format!("Warning {REASON_NOT_ADOPTED}: {}", message_not_adopted("renamed-old"));
+    wait_until("the Warning about the Deployment left alone", TIMEOUT, || async {
+        ns.events_for("renamed").await.contains(&warning).then_some(())
+    })
+    .await;
+    // A sync deletes stale Deployments before it writes the Foo's status:
+    // once the status is written for this generation, a delete would have
+    // been made.
+    wait_until("the Foo's status written", TIMEOUT, || async {
+        let f = ns.api::<Foo>().get("renamed").await.ok()?;
+        let status = f.status?;
+        let ready = status.conditions.iter().any(|c| c.type_ == "Ready" && c.status == "True");
+        (ready && status.observed_generation == f.metadata.generation).then_some(())
+    })
+    .await;
+    let kept = deployment(&ns, "renamed-old").await.expect("the old Deployment is not deleted");
+    assert_eq!((kept.uid(), kept.metadata.generation), (old.uid(), old.metadata.generation));
+    assert!(!managed(&kept), "the old Deployment is not labelled ours");
+    let deletes: Vec<_> = audited(&ns.name, USER_AGENT)
+        .into_iter()
+        .filter(|r| r.resource == "deployments" && r.verb == "delete")
+        .collect();
+    assert!(deletes.is_empty(), "{deletes:?}");
+    let warnings = ns.events_for("renamed").await.into_iter().filter(|e| *e == warning).count();
+    assert_eq!(warnings, 1, "one Warning per takeover");
 }
 
 /// The User-Agent of the client-go reference's requests.

@@ -390,6 +390,38 @@ async fn the_first_sync_adopts_upstreams_deployments_with_one_list_and_a_label_p
 }
 
 #[tokio::test]
+async fn the_adoption_pass_reads_page_after_page_and_leaves_alone_a_deployment_its_foo_no_longer_names() {
+    // Upstream ran while the Foo's deploymentName changed: it made the new
+    // Deployment and left the old one serving.
+    let foo = example_foo(2);
+    let upstreams = Deployment::made_by_upstream(&foo).replicas(2).available(2);
+    let mut old = Deployment::made_by_upstream(&foo.clone().deployment("old-name"));
+    old.metadata.uid = Some("uid-old-name".into());
+    let mut adopted = upstreams.clone();
+    adopted.metadata.labels = Some([("app.kubernetes.io/managed-by".into(), "sample-controller".into())].into());
+    adopted.metadata.resource_version = Some("201".into());
+    let page = |d: &Deployment, next: &str| {
+        let item = serde_json::to_value(PartialObjectMetaExt::into_response_partial::<Deployment>(d.metadata.clone()));
+        json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList",
+            "metadata": { "continue": next }, "items": [item.unwrap()] })
+    };
+    let synced = synced_with(foo.clone(), &adopted);
+    let mut mock = Mock::adopting(std::slice::from_ref(&foo), &[], true).await;
+    let scenario = vec![
+        expect(Method::GET, DEPLOYMENTS).query("limit=500").reply(StatusCode::OK, page(&old, "page-2")),
+        expect(Method::GET, DEPLOYMENTS).query("continue=page-2").reply(StatusCode::OK, page(&upstreams, "")),
+        // One patch, of the Deployment the Foo names; none of the old one.
+        adoption_patch().reply(StatusCode::OK, adopted),
+        expect(Method::PATCH, FOO_STATUS).reply(StatusCode::OK, synced.clone()),
+        Expect::event("Warning", "OldDeploymentNotAdopted"),
+        Expect::event("Normal", "Synced"),
+    ];
+    mock.sync(&foo, scenario).await.unwrap();
+    // Reported once: the next sync makes no request, the Warning included.
+    mock.sync(&synced, vec![]).await.unwrap();
+}
+
+#[tokio::test]
 async fn a_sync_that_meets_an_unlabelled_deployment_of_its_foo_adopts_it() {
     // Made by upstream after the adoption pass, or our label removed by hand.
     let foo = example_foo(2);

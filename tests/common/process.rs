@@ -114,8 +114,15 @@ pub async fn spawn_operator(ns: &str, kubeconfig: &str, extra: &[&str], log_name
 /// ports the kernel picks (it logs which); its metrics over plain HTTP for
 /// the tests to read, unless `extra` asks for `--metrics-secure`.
 pub fn operator_command(ns: &str, kubeconfig: &str, extra: &[&str]) -> Command {
+    let mut cmd = cluster_wide_command(kubeconfig, extra);
+    cmd.args(["--namespace", ns]);
+    cmd
+}
+
+/// As [`operator_command`], watching every namespace.
+pub fn cluster_wide_command(kubeconfig: &str, extra: &[&str]) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_sample-controller"));
-    cmd.args(["--kubeconfig", kubeconfig, "--namespace", ns]).args([
+    cmd.args(["--kubeconfig", kubeconfig]).args([
         "--metrics-bind-address",
         "127.0.0.1:0",
         "--health-probe-bind-address",
