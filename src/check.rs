@@ -140,6 +140,8 @@ const LEADER_ELECTION: &[(&str, &str, &str, &str)] = &[
     ("create", "coordination.k8s.io", "leases", ""),
     ("update", "coordination.k8s.io", "leases", ""),
     ("get", "samplecontroller.k8s.io", "leaderfences", ""),
+    ("list", "samplecontroller.k8s.io", "leaderfences", ""),
+    ("watch", "samplecontroller.k8s.io", "leaderfences", ""),
     ("create", "samplecontroller.k8s.io", "leaderfences", ""),
     ("update", "samplecontroller.k8s.io", "leaderfences", ""),
 ];

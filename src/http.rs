@@ -12,10 +12,12 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 
 use crate::metrics::Metrics;
 use crate::metrics_auth::{Access, MetricsAuth};
+
 /// A listener that could not be bound.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot serve HTTP on {addr}: {source}")]
@@ -59,7 +61,8 @@ pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Resu
 
 /// Like [`serve`], over TLS with `tls`, each connection HTTP/1.1 only
 /// unless `http2`; a handshake or a request header slower than
-/// [`SLOW_CLIENT`] is dropped.
+/// [`SLOW_CLIENT`] is dropped, and at most [`MAX_TLS_CONNECTIONS`] are
+/// served at once.
 pub async fn serve_tls(
     addr: SocketAddr,
     what: &'static str,
@@ -70,8 +73,12 @@ pub async fn serve_tls(
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, tls = true, http2, endpoints = %what, "serving HTTP");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let connections = Arc::new(Semaphore::new(MAX_TLS_CONNECTIONS));
     Ok(tokio::spawn(async move {
         loop {
+            // Wait for a free place before accepting: the connections past
+            // the cap wait in the kernel's backlog, costing nothing here.
+            let Ok(place) = connections.clone().acquire_owned().await else { return };
             let (tcp, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
@@ -81,20 +88,28 @@ pub async fn serve_tls(
             };
             let (acceptor, router) = (acceptor.clone(), router.clone());
             tokio::spawn(async move {
-                let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await else { return };
-                let io = hyper_util::rt::TokioIo::new(stream);
-                let service = hyper_util::service::TowerToHyperService::new(router);
-                let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
-                if !http2 {
-                    builder = builder.http1_only();
-                }
-                builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
-                if let Err(e) = builder.serve_connection(io, service).await {
-                    tracing::debug!(error = %e, "metrics connection ended");
-                }
+                serve_tls_connection(tcp, acceptor, router, http2).await;
+                drop(place);
             });
         }
     }))
+}
+
+/// One connection of [`serve_tls`], until it closes.
+async fn serve_tls_connection(tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, router: Router, http2: bool) {
+    let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await else { return };
+    let io = hyper_util::rt::TokioIo::new(stream);
+    let service = hyper_util::service::TowerToHyperService::new(router);
+    let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    if !http2 {
+        builder = builder.http1_only();
+    }
+    // hyper starts this timer whenever it waits for a request header, on
+    // an idle keep-alive connection too: an idle one gives its place up.
+    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
+    if let Err(e) = builder.serve_connection(io, service).await {
+        tracing::debug!(error = %e, "metrics connection ended");
+    }
 }
 
 /// Bind `addr`; also returns the bound address (with port 0 the kernel
@@ -108,6 +123,14 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
 /// How long a client may take over its TLS handshake or request header.
 const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);
 
+/// TLS connections served at once. Each costs a task, a TLS session and
+/// buffers (tens of KiB), and a scraper needs one: 64 leave room for many
+/// Prometheus replicas while a client opening thousands cannot make the
+/// operator hold thousands. HTTP/1.1 connections idle past [`SLOW_CLIENT`]
+/// are closed, so the places free up; an HTTP/2 connection (only with
+/// `--enable-http2`) has no such timeout.
+const MAX_TLS_CONNECTIONS: usize = 64;
+
 /// What each listener serves, as its start-up log line says.
 pub const METRICS_ENDPOINTS: &str = "/metrics";
 pub const PROBE_ENDPOINTS: &str = "/healthz,/readyz";
@@ -117,14 +140,16 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
 }
 
 /// The metrics router, each request first checked by `auth`: 401 without
-/// a valid token, 403 for a user without `get` on `/metrics`, 500 if the
-/// API server could not be asked.
+/// a valid token, 403 for a user without `get` on `/metrics`, 429 with
+/// `Retry-After` for a token not yet reviewed while the reviews are over
+/// their limit (counted in `metrics`), 500 if the API server could not be
+/// asked.
 pub fn secure_metrics_router(metrics: Arc<Metrics>, auth: Arc<MetricsAuth>) -> Router {
-    metrics_router(metrics).layer(axum::middleware::from_fn_with_state(auth, authorize))
+    metrics_router(metrics.clone()).layer(axum::middleware::from_fn_with_state((auth, metrics), authorize))
 }
 
 async fn authorize(
-    State(auth): State<Arc<MetricsAuth>>,
+    State((auth, metrics)): State<(Arc<MetricsAuth>, Arc<Metrics>)>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -135,11 +160,22 @@ async fn authorize(
             (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "Unauthorized").into_response()
         }
         Ok(Access::Forbidden) => (StatusCode::FORBIDDEN, "Forbidden").into_response(),
+        Ok(Access::TooMany { retry_after }) => {
+            metrics.count_metrics_auth_throttled();
+            let retry_after = retry_after_seconds(retry_after).to_string();
+            (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, retry_after)], "Too Many Requests").into_response()
+        }
         Err(e) => {
             tracing::warn!(error = %e, "cannot review a metrics scraper's token");
             (StatusCode::INTERNAL_SERVER_ERROR, "cannot review the token").into_response()
         }
     }
+}
+
+/// `Retry-After` counts whole seconds: rounded up, so a client that obeys
+/// it does not come back too early, and at least 1 (0 would say "now").
+fn retry_after_seconds(wait: std::time::Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 pub fn probes_router(readiness: Arc<Readiness>) -> Router {
@@ -174,5 +210,41 @@ mod tests {
         readiness.caches_synced();
         assert_eq!(get(&router, "/readyz").await, StatusCode::OK);
         assert_eq!(get(&router, "/metrics").await, StatusCode::NOT_FOUND, "metrics are on their own listener");
+    }
+
+    /// Once the token reviews are over their limit, a scraper with a token
+    /// not yet reviewed is told 429 and when to come back, without a
+    /// review, and the refusal is counted.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_token_over_the_review_limit_is_answered_429_with_retry_after_and_counted() {
+        use crate::metrics_auth::{REVIEW_BURST, tests::refusing_every_token};
+        let (client, reviews) = refusing_every_token();
+        let metrics = Arc::new(Metrics::new());
+        let router = secure_metrics_router(metrics.clone(), Arc::new(MetricsAuth::new(client)));
+        let scrape = |token: String| {
+            let request = axum::http::Request::get("/metrics")
+                .header(header::AUTHORIZATION, format!("Bearer {token}"))
+                .body(Body::empty())
+                .unwrap();
+            router.clone().oneshot(request)
+        };
+        for n in 0..REVIEW_BURST {
+            assert_eq!(scrape(format!("junk-{n}")).await.unwrap().status(), StatusCode::UNAUTHORIZED, "junk-{n}");
+        }
+        let refused = scrape("one-more".into()).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(refused.headers().get(header::RETRY_AFTER).map(|v| v.to_str().unwrap()), Some("1"));
+        assert_eq!(reviews.load(std::sync::atomic::Ordering::SeqCst), usize::try_from(REVIEW_BURST).unwrap());
+        let throttled =
+            crate::testing::metric_value(&metrics.encode(), "sample_controller_metrics_auth_throttled_total");
+        assert_eq!(throttled, Some(1.0));
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_rounded_up_and_never_zero() {
+        let table = [(0, 1), (1, 1), (200, 1), (1_000, 1), (1_001, 2), (2_500, 3)];
+        for (millis, want) in table {
+            assert_eq!(retry_after_seconds(std::time::Duration::from_millis(millis)), want, "{millis} ms");
+        }
     }
 }

@@ -87,6 +87,38 @@ pub struct Fence {
     /// The Lease's duration: a refusal that lasts longer is no lag of the
     /// API server's view behind a takeover.
     lease_duration: Duration,
+    /// Whether the API server's fence names this leader ([`FenceState`]).
+    state: Mutex<FenceState>,
+}
+
+/// Where the API server's fence stands for this replica, as its gauge
+/// reports it (`sample_controller_leader_fence{state}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FenceState {
+    /// A standby, or a leader handing over: nothing to report.
+    #[default]
+    NotLeading,
+    /// The LeaderFence names this leader.
+    InPlace,
+    /// Leading where no fence was installed when it took the Lease (no
+    /// LeaderFence CRD, or no right to write one): nothing to claim.
+    NotInstalled,
+    /// Leading, but the LeaderFence does not name this leader: deleted (or
+    /// its CRD), or naming another replica, and not claimed again yet. The
+    /// API server's fence is open meanwhile (or refuses this leader).
+    Open,
+}
+
+impl FenceState {
+    /// The label value of the gauge.
+    pub fn label(self) -> &'static str {
+        match self {
+            FenceState::NotLeading => "not_leading",
+            FenceState::InPlace => "in_place",
+            FenceState::NotInstalled => "not_installed",
+            FenceState::Open => "open",
+        }
+    }
 }
 
 impl Fence {
@@ -163,6 +195,15 @@ impl Fence {
         }
     }
 
+    /// Where the API server's fence stands for this replica.
+    pub fn state(&self) -> FenceState {
+        *self.state.lock()
+    }
+
+    fn set_state(&self, state: FenceState) {
+        *self.state.lock() = state;
+    }
+
     /// True once the API server's fence has refused this replica's writes
     /// for longer than a lease duration, none admitted since.
     pub fn refusal_lasts(&self) -> bool {
@@ -186,6 +227,7 @@ impl Fence {
 
     /// Hold no more: this replica is handing the Lease over.
     fn revoke(&self) {
+        self.set_state(FenceState::NotLeading);
         *self.valid_until.lock() = None;
         *self.refusals.lock() = None;
         *self.unclaimed_since.lock() = None;
@@ -215,6 +257,9 @@ pub struct Elector {
     /// took the Lease; `Pending` until then and after a refusal, when it
     /// is read and written again.
     claim: Claim,
+    /// A LeaderFence was claimed since this replica took the Lease: one
+    /// missing now was deleted, not never installed.
+    claimed_once: bool,
     cfg: LeaderConfig,
     fence: Arc<Fence>,
     /// The Lease as last written by us or reported by the watch: a write is
@@ -287,6 +332,7 @@ impl Elector {
             api: Api::namespaced(client.clone(), &cfg.namespace),
             fences: Api::namespaced(client, &cfg.namespace),
             claim: Claim::Pending,
+            claimed_once: false,
             fence: Arc::new(Fence { lease_duration: cfg.lease_duration, ..Fence::default() }),
             cfg,
             lease: None,
@@ -347,8 +393,15 @@ impl Elector {
     pub async fn hold(&mut self) -> Lost {
         let mut last_renew = Instant::now();
         let mut last_attempt = last_renew;
+        let mut fence_changes = self.fence_changes();
         loop {
-            self.until_next_attempt(last_attempt).await;
+            tokio::select! {
+                () = self.until_next_attempt(last_attempt) => {}
+                Some(seen) = fence_changes.next() => {
+                    self.saw_fence(seen);
+                    continue;
+                }
+            }
             let attempt = Instant::now();
             last_attempt = attempt;
             // A refusal may come from a LeaderFence that names someone
@@ -374,6 +427,44 @@ impl Elector {
                 return Lost::RenewDeadline;
             }
         }
+    }
+
+    /// The LeaderFence as a watch of it reports it, while a fence is
+    /// installed: none to watch (and no request made) where there was none
+    /// to claim.
+    fn fence_changes(&self) -> futures::stream::BoxStream<'static, FenceSeen> {
+        if matches!(self.claim, Claim::NoFence) {
+            return futures::stream::pending().boxed();
+        }
+        let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
+        fence_states(self.fences.clone(), wc).boxed()
+    }
+
+    /// What the fence watch reports, while leading: a LeaderFence that no
+    /// longer names this leader (deleted, its CRD deleted, or edited to
+    /// name another replica) is claimed again at the next renewal, within a
+    /// retry period; until then the gauge says the fence is open.
+    fn saw_fence(&mut self, seen: FenceSeen) {
+        let name = &self.cfg.lease_name;
+        match (&self.claim, seen) {
+            (Claim::Written(_), FenceSeen::Names(Some(h))) if h == self.cfg.identity => return,
+            (Claim::Written(_), FenceSeen::Names(Some(other))) => {
+                warn!(fence = %name, holder = %other, "the LeaderFence names another replica; claiming it again at the next renewal")
+            }
+            (Claim::Written(_), FenceSeen::Names(None)) => {
+                warn!(fence = %name, "the LeaderFence was deleted or released; claiming it again at the next renewal")
+            }
+            (Claim::Written(_), FenceSeen::NoKind) => {
+                warn!(fence = %name, "the LeaderFence CRD was deleted: the API server's fence is open until it is installed again")
+            }
+            // Its CRD, deleted since this leader claimed it, is served again.
+            (Claim::NoFence, FenceSeen::Names(_)) if self.claimed_once => {
+                info!(fence = %name, "the LeaderFence CRD is installed again; claiming it at the next renewal")
+            }
+            _ => return,
+        }
+        self.claim = Claim::Pending;
+        self.fence.set_state(FenceState::Open);
     }
 
     /// A retry period after the last attempt, or sooner when the fence is
@@ -456,27 +547,39 @@ impl Elector {
             Ok(written) => {
                 info!(fence = %name, identity = %self.cfg.identity, "leader fence names this replica");
                 self.claim = Claim::Written(Box::new(written));
+                self.claimed_once = true;
+                self.fence.set_state(FenceState::InPlace);
                 true
             }
             Err(kube::Error::Api(s)) if no_such_kind(&s) => {
                 info!(fence = %name, "no LeaderFence CRD in the cluster: no API server fence to claim");
-                self.claim = Claim::NoFence;
+                self.no_fence();
                 true
             }
             Err(kube::Error::Api(s)) if s.code == 403 => {
                 warn!(fence = %name, error = %s.message, "may not write the LeaderFence: if the API server's leader fence is bound, it stays open while no LeaderFence exists, and refuses this replica's writes while one names another replica");
-                self.claim = Claim::NoFence;
+                self.no_fence();
                 true
             }
             Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() || s.is_not_found() => {
                 warn!(fence = %name, "the LeaderFence changed while this replica claimed it; claiming again at the next renewal");
+                self.fence.set_state(FenceState::Open);
                 false
             }
             Err(e) => {
                 warn!(fence = %name, error = %e, "cannot claim the LeaderFence; writing nothing until it names this replica");
+                self.fence.set_state(FenceState::Open);
                 false
             }
         }
+    }
+
+    /// Nothing to claim: never installed, or gone since this leader claimed
+    /// it (which the gauge reports as open).
+    fn no_fence(&mut self) {
+        self.claim = Claim::NoFence;
+        let state = if self.claimed_once { FenceState::Open } else { FenceState::NotInstalled };
+        self.fence.set_state(state);
     }
 
     /// The LeaderFence read, then written naming this replica: replaced
@@ -654,10 +757,14 @@ async fn sleep_or_pending(wait: Option<Duration>) {
     }
 }
 
-/// The Lease as the watch sees it, after each change: `None` while there
-/// is none. Nothing is yielded before the watch's first full list; watch
-/// errors are retried as [`crate::watch`] paces them and only logged.
-fn lease_states(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = Option<Lease>> {
+/// The one object a watch narrowed to a name follows, after each change:
+/// `Ok(None)` while there is none. Nothing is yielded before the watch's
+/// first full list; errors are passed on (the watch retries them, as
+/// [`crate::watch`] paces them).
+fn states<K>(api: Api<K>, wc: watcher::Config) -> impl Stream<Item = Result<Option<K>, watcher::Error>> + Send
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
+{
     let mut listing = None;
     crate::watch::watch(api, wc).filter_map(move |ev| {
         let state = match ev {
@@ -665,19 +772,46 @@ fn lease_states(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = Opti
                 listing = None;
                 None
             }
-            Ok(watcher::Event::InitApply(l)) => {
-                listing = Some(l);
+            Ok(watcher::Event::InitApply(obj)) => {
+                listing = Some(obj);
                 None
             }
-            Ok(watcher::Event::InitDone) => Some(listing.take()),
-            Ok(watcher::Event::Apply(l)) => Some(Some(l)),
-            Ok(watcher::Event::Delete(_)) => Some(None),
-            Err(e) => {
-                debug!(error = %e, "lease watch");
-                None
-            }
+            Ok(watcher::Event::InitDone) => Some(Ok(listing.take())),
+            Ok(watcher::Event::Apply(obj)) => Some(Ok(Some(obj))),
+            Ok(watcher::Event::Delete(_)) => Some(Ok(None)),
+            Err(e) => Some(Err(e)),
         };
         std::future::ready(state)
+    })
+}
+
+/// The Lease as the watch sees it ([`states`]); errors only logged.
+fn lease_states(api: Api<Lease>, wc: watcher::Config) -> impl Stream<Item = Option<Lease>> {
+    states(api, wc)
+        .filter_map(|state| std::future::ready(state.inspect_err(|e| debug!(error = %e, "lease watch")).ok()))
+}
+
+/// What the leader's watch of its LeaderFence reports.
+#[derive(Clone, Debug, PartialEq)]
+enum FenceSeen {
+    /// The holder it names (`None`: deleted, or released).
+    Names(Option<String>),
+    /// The API server serves no LeaderFences: the CRD is gone.
+    NoKind,
+}
+
+/// The LeaderFence as the watch sees it ([`states`]); errors other than a
+/// missing CRD only logged.
+fn fence_states(api: Api<LeaderFence>, wc: watcher::Config) -> impl Stream<Item = FenceSeen> {
+    states(api, wc).filter_map(|state| {
+        std::future::ready(match state {
+            Ok(fence) => Some(FenceSeen::Names(fence.as_ref().and_then(LeaderFence::holder).map(str::to_owned))),
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if no_such_kind(&s) => Some(FenceSeen::NoKind),
+            Err(e) => {
+                debug!(error = %e, "leader fence watch");
+                None
+            }
+        })
     })
 }
 
@@ -824,6 +958,47 @@ mod tests {
         theirs.spec.as_mut().unwrap().holder_identity = None;
         let released = spec(&e.claim(Some(theirs)));
         assert_eq!(released.lease_transitions, Some(1), "a released Lease taken: a transition, as client-go counts");
+    }
+
+    /// An elector whose claim on the LeaderFence was written.
+    fn claimed(identity: &str) -> Elector {
+        let mut e = Elector::new(dummy_client(), config(identity));
+        let written = LeaderFence::naming(None, "l", Some(identity));
+        e.claim = Claim::Written(Box::new(written));
+        e.claimed_once = true;
+        e.fence.set_state(FenceState::InPlace);
+        e
+    }
+
+    #[tokio::test]
+    async fn a_leaderfence_deleted_or_naming_another_is_claimed_again_and_reported_open_meanwhile() {
+        for seen in [FenceSeen::Names(None), FenceSeen::Names(Some("other_1".into())), FenceSeen::NoKind] {
+            let mut e = claimed("me");
+            e.saw_fence(seen.clone());
+            assert!(matches!(e.claim, Claim::Pending), "{seen:?}: claimed again at the next renewal");
+            assert_eq!(e.fence.state(), FenceState::Open, "{seen:?}");
+        }
+        let mut e = claimed("me");
+        e.saw_fence(FenceSeen::Names(Some("me".into())));
+        assert!(matches!(e.claim, Claim::Written(_)), "our own claim, as the watch delivers it");
+        assert_eq!(e.fence.state(), FenceState::InPlace);
+    }
+
+    #[tokio::test]
+    async fn a_fence_whose_crd_came_back_is_claimed_again_but_one_never_installed_is_not_an_alarm() {
+        let mut deleted = claimed("me");
+        deleted.no_fence();
+        assert_eq!(deleted.fence.state(), FenceState::Open, "deleted since it was claimed");
+        deleted.saw_fence(FenceSeen::NoKind);
+        assert!(matches!(deleted.claim, Claim::NoFence), "still gone: nothing to claim yet");
+        deleted.saw_fence(FenceSeen::Names(None));
+        assert!(matches!(deleted.claim, Claim::Pending), "served again: claimed at the next renewal");
+
+        let mut never = Elector::new(dummy_client(), config("me"));
+        never.no_fence();
+        assert_eq!(never.fence.state(), FenceState::NotInstalled);
+        never.saw_fence(FenceSeen::Names(None));
+        assert!(matches!(never.claim, Claim::NoFence));
     }
 
     #[test]

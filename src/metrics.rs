@@ -13,7 +13,9 @@
 //! what runs; and what says the operator cannot do its job, whatever the
 //! cause (`watchdog`): `sample_controller_unsynced_foos`,
 //! `sample_controller_unsynced_foo_oldest_seconds` and
-//! `sample_controller_leader_fence_refused_seconds`.
+//! `sample_controller_leader_fence_refused_seconds`; and
+//! `sample_controller_metrics_auth_throttled_total`, the scrapes refused
+//! with 429 because the token reviews were over their limit.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -50,6 +52,11 @@ struct BuildLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct LeaseLabels {
     name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FenceLabels {
+    state: &'static str,
 }
 
 /// client-go's `rest_client_requests_total` labels.
@@ -90,6 +97,8 @@ pub struct Metrics {
     unsynced_foos: Gauge,
     unsynced_oldest: Gauge,
     fence_refused: Gauge,
+    fence_state: Family<FenceLabels, Gauge>,
+    metrics_auth_throttled: Counter,
     /// The reconcile queue, as client-go's workqueue metrics.
     pub queue: Arc<QueueMetrics>,
     /// Every API request, by code, method and host.
@@ -119,6 +128,8 @@ impl Metrics {
             unsynced_foos: Gauge::default(),
             unsynced_oldest: Gauge::default(),
             fence_refused: Gauge::default(),
+            fence_state: Family::default(),
+            metrics_auth_throttled: Counter::default(),
             queue: Arc::default(),
             rest_requests: Family::default(),
         };
@@ -193,6 +204,16 @@ impl Metrics {
             "sample_controller_leader_fence_refused_seconds",
             "How long the API server's leader fence has refused this leader's writes, none admitted since (0: not refusing)",
             self.fence_refused.clone(),
+        );
+        r.register(
+            "sample_controller_leader_fence",
+            "The leader's API server fence: 1 for its state, in_place (the LeaderFence names it), open (deleted, its CRD deleted, or naming another replica, not yet claimed again) or not_installed (no fence to claim when it took the Lease); all 0 on a standby",
+            self.fence_state.clone(),
+        );
+        r.register(
+            "sample_controller_metrics_auth_throttled",
+            "Scrapes of the secure metrics refused with 429: a token not yet reviewed while the token reviews were over their limit",
+            self.metrics_auth_throttled.clone(),
         );
         r.register(
             "rest_client_requests",
@@ -276,6 +297,21 @@ impl Metrics {
     /// How long the API server's fence has refused this leader's writes.
     pub fn set_fence_refused(&self, refused_for: Duration) {
         self.fence_refused.set(seconds(refused_for));
+    }
+
+    /// Where the leader's API server fence stands: 1 for `state`, 0 for
+    /// the others.
+    pub fn set_fence_state(&self, state: crate::leader::FenceState) {
+        use crate::leader::FenceState::*;
+        for each in [InPlace, Open, NotInstalled] {
+            self.fence_state.get_or_create(&FenceLabels { state: each.label() }).set(i64::from(each == state));
+        }
+    }
+
+    /// Count a scrape refused because the token reviews were over their
+    /// limit.
+    pub fn count_metrics_auth_throttled(&self) {
+        self.metrics_auth_throttled.inc();
     }
 
     /// The registry in Prometheus text format.

@@ -7,15 +7,27 @@
 //! Answers are cached per token — by its SHA-256, never the token itself —
 //! for a minute if allowed and ten seconds if not, so Prometheus scraping
 //! every 15 s costs the API server two requests a minute, not two a scrape.
+//!
+//! The reviews go out as the operator, through the client its Lease
+//! renewals use, so anyone who can reach the port must not be able to make
+//! it flood the API server: tokens not cached are reviewed at most
+//! [`REVIEWS_PER_SECOND`] a second (bursts of [`REVIEW_BURST`]),
+//! [`REVIEWS_IN_FLIGHT`] at a time; past that a new token gets
+//! [`Access::TooMany`] (429). A cached answer never waits on that limit, so
+//! a scraper already reviewed is answered through any flood, and the cache
+//! forgets the least recently used answers first.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec, UserInfo};
 use k8s_openapi::api::authorization::v1::{NonResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec};
 use kube::Client;
 use kube::api::{Api, PostParams};
 use parking_lot::Mutex;
+use tokio::sync::{Semaphore, SemaphorePermit};
+// tokio's clock, so the tests can stop and advance it.
+use tokio::time::Instant;
 use tracing::{debug, warn};
 
 /// The path and verb a scraper must be allowed.
@@ -24,9 +36,36 @@ const VERB: &str = "get";
 /// How long an answer is reused.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const DENIED_FOR: Duration = Duration::from_secs(10);
-/// More distinct tokens than this (someone trying many) and the expired
-/// answers are dropped, then all of them.
+/// The most answers kept. Under the review limit at most
+/// `REVIEW_BURST + REVIEWS_PER_SECOND × 60 s` = 310 are live at once, so
+/// the bound is reached only through expired answers not yet dropped; it is
+/// there so that no change of the limits can make the cache unbounded.
 const MAX_CACHED: usize = 1024;
+/// How many answers a full cache forgets at once. Finding the least
+/// recently used is a scan of the whole cache; forgetting an eighth of it
+/// each time makes that scan happen once per 128 insertions, not at each.
+const EVICTED: usize = MAX_CACHED / 8;
+/// Reviews of tokens not cached, on average: the rate a token bucket
+/// refills at. A deploy's scrapers, each token reviewed again once a
+/// minute, stay far below it, while 2 000 junk tokens in 10 s cost at most
+/// `REVIEW_BURST + 5 × 10` = 60 TokenReviews (and a SubjectAccessReview
+/// each only for the tokens the API server accepts).
+pub const REVIEWS_PER_SECOND: u32 = 5;
+/// Reviews that may start at once after a quiet spell: the bucket's size,
+/// so a few scrapers starting together are all reviewed at once.
+pub const REVIEW_BURST: u32 = 10;
+/// Reviews waiting on the API server at once. They share the operator's
+/// client, and its API Priority and Fairness flow, with its Lease
+/// renewals: two cannot crowd those out, even when the API server is slow
+/// to answer them.
+pub const REVIEWS_IN_FLIGHT: usize = 2;
+/// How long a new token waits for one of those to finish before it is
+/// refused: a review takes milliseconds, and a request that cannot be
+/// reviewed soon is better refused than queued without bound.
+const PERMIT_WAIT: Duration = Duration::from_millis(250);
+/// Over-limit refusals are logged at most this often, with their count: a
+/// flood must not flood the log either.
+const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(60);
 
 /// What a request may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -36,6 +75,11 @@ pub enum Access {
     Unauthenticated,
     /// A valid token whose user may not read the metrics: 403.
     Forbidden,
+    /// A token not cached while reviews are over their limit: 429, to be
+    /// asked again after `retry_after`. Never cached.
+    TooMany {
+        retry_after: Duration,
+    },
 }
 
 impl Access {
@@ -51,15 +95,32 @@ pub fn bearer_token(authorization: Option<&str>) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// Reviews scrapers' tokens through the API server, with a cache.
+/// The cache key of a token: its SHA-256, so the cache holds no token.
+fn token_key(token: &str) -> [u8; 32] {
+    // SHA-256 is 32 bytes long: copy_from_slice cannot fail, and no
+    // fallback key could make two tokens share an answer.
+    let mut key = [0u8; 32];
+    key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
+    key
+}
+
+/// Reviews scrapers' tokens through the API server, with a cache and a
+/// limit on the reviews.
 pub struct MetricsAuth {
     client: Client,
-    cache: Mutex<HashMap<[u8; 32], (Access, Instant)>>,
+    cache: Mutex<Cache>,
+    limiter: Mutex<Limiter>,
+    in_flight: Semaphore,
 }
 
 impl MetricsAuth {
     pub fn new(client: Client) -> Self {
-        MetricsAuth { client, cache: Mutex::default() }
+        MetricsAuth {
+            client,
+            cache: Mutex::default(),
+            limiter: Mutex::new(Limiter::new(Instant::now())),
+            in_flight: Semaphore::new(REVIEWS_IN_FLIGHT),
+        }
     }
 
     /// The access of a request with this `Authorization` header. `Err` if
@@ -67,13 +128,16 @@ impl MetricsAuth {
     /// again).
     pub async fn check(&self, authorization: Option<&str>) -> kube::Result<Access> {
         let Some(token) = bearer_token(authorization) else { return Ok(Access::Unauthenticated) };
-        // SHA-256 is 32 bytes long: copy_from_slice cannot fail, and no
-        // fallback key could make two tokens share an answer.
-        let mut key = [0u8; 32];
-        key.copy_from_slice(ring::digest::digest(&ring::digest::SHA256, token.as_bytes()).as_ref());
+        let key = token_key(token);
+        // Before the limit: only a review costs the API server anything,
+        // and a scraper already reviewed must never be throttled.
         if let Some(access) = self.cached(&key) {
             return Ok(access);
         }
+        let _permit = match self.admit().await {
+            Ok(permit) => permit,
+            Err(retry_after) => return Ok(Access::TooMany { retry_after }),
+        };
         let access = match self.authenticate(token).await? {
             None => Access::Unauthenticated,
             Some(user) => {
@@ -90,21 +154,39 @@ impl MetricsAuth {
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<Access> {
-        let cache = self.cache.lock();
-        cache.get(key).filter(|(_, until)| Instant::now() < *until).map(|(access, _)| *access)
+        self.cache.lock().get(key, Instant::now())
     }
 
     fn remember(&self, key: [u8; 32], access: Access) {
-        let mut cache = self.cache.lock();
+        self.cache.lock().insert(key, access, Instant::now());
+    }
+
+    /// A permit to review one token, or how long to wait before asking
+    /// again: one of the reviews in flight must end within [`PERMIT_WAIT`],
+    /// and the bucket must hold a review.
+    async fn admit(&self) -> Result<SemaphorePermit<'_>, Duration> {
+        let permit = tokio::time::timeout(PERMIT_WAIT, self.in_flight.acquire()).await;
+        let mut limiter = self.limiter.lock();
         let now = Instant::now();
-        if cache.len() >= MAX_CACHED {
-            cache.retain(|_, (_, until)| now < *until);
-            if cache.len() >= MAX_CACHED {
-                warn!(tokens = cache.len(), "too many distinct metrics tokens; forgetting every cached answer");
-                cache.clear();
-            }
+        let admitted = match permit {
+            Ok(Ok(permit)) => limiter.take(now).map(|()| permit),
+            // The semaphore is never closed: this is the wait running out.
+            // The reviews in flight take milliseconds: ask again in a second.
+            Ok(Err(_)) | Err(_) => Err(Duration::from_secs(1)),
+        };
+        if admitted.is_err()
+            && let Some(refused) = limiter.refused(now)
+        {
+            warn!(
+                refused,
+                "metrics token reviews over their limit ({REVIEWS_PER_SECOND} a second, bursts of {REVIEW_BURST}, \
+                 {REVIEWS_IN_FLIGHT} at a time): tokens not yet reviewed get 429, scrapers already reviewed are \
+                 still answered; many distinct tokens mean a client trying tokens on the metrics port: find it \
+                 there (reported every {} s at most)",
+                REFUSALS_LOGGED_EVERY.as_secs()
+            );
         }
-        cache.insert(key, (access, now + access.cached_for()));
+        admitted
     }
 
     /// The user the token belongs to, if the API server accepts it.
@@ -140,9 +222,100 @@ impl MetricsAuth {
     }
 }
 
+/// The answers, by token key, each with the use that last read or wrote
+/// it, so a full cache forgets the least recently used.
+#[derive(Default)]
+struct Cache {
+    answers: HashMap<[u8; 32], Cached>,
+    /// Counts reads and writes: each stamps its answer with a new value.
+    uses: u64,
+}
+
+struct Cached {
+    access: Access,
+    until: Instant,
+    used: u64,
+}
+
+impl Cache {
+    /// A live answer; reading it makes it the most recently used.
+    fn get(&mut self, key: &[u8; 32], now: Instant) -> Option<Access> {
+        let cached = self.answers.get_mut(key).filter(|c| now < c.until)?;
+        self.uses += 1;
+        cached.used = self.uses;
+        Some(cached.access)
+    }
+
+    fn insert(&mut self, key: [u8; 32], access: Access, now: Instant) {
+        if self.answers.len() >= MAX_CACHED && !self.answers.contains_key(&key) {
+            self.make_room(now);
+        }
+        self.uses += 1;
+        self.answers.insert(key, Cached { access, until: now + access.cached_for(), used: self.uses });
+    }
+
+    /// Down to `MAX_CACHED - EVICTED` answers: the expired ones go first,
+    /// then the least recently used. Each call frees at least [`EVICTED`]
+    /// places, so its O(n) passes are shared by as many insertions.
+    fn make_room(&mut self, now: Instant) {
+        self.answers.retain(|_, c| now < c.until);
+        let keep = MAX_CACHED - EVICTED;
+        let Some(excess) = self.answers.len().checked_sub(keep).filter(|n| *n > 0) else { return };
+        let mut uses: Vec<u64> = self.answers.values().map(|c| c.used).collect();
+        // Every stamp is distinct: the excess-th smallest is the most
+        // recently used of the answers to forget.
+        let newest_forgotten = *uses.select_nth_unstable(excess - 1).1;
+        self.answers.retain(|_, c| c.used > newest_forgotten);
+        // Not a warning: the review limit keeps fewer answers live than the
+        // bound, so this takes a change of the limits to happen at all.
+        debug!(forgotten = excess, "metrics review cache full of live answers; forgot the least recently used");
+    }
+}
+
+/// The token bucket of reviews, and the refusals not yet logged.
+struct Limiter {
+    /// Reviews that may start now, up to [`REVIEW_BURST`]; refilled at
+    /// [`REVIEWS_PER_SECOND`] from `at`.
+    reviews: f64,
+    at: Instant,
+    refused: u64,
+    logged: Option<Instant>,
+}
+
+impl Limiter {
+    fn new(now: Instant) -> Self {
+        Limiter { reviews: f64::from(REVIEW_BURST), at: now, refused: 0, logged: None }
+    }
+
+    /// Takes one review, or says how long until there is one.
+    fn take(&mut self, now: Instant) -> Result<(), Duration> {
+        let refill = now.duration_since(self.at).as_secs_f64() * f64::from(REVIEWS_PER_SECOND);
+        self.reviews = (self.reviews + refill).min(f64::from(REVIEW_BURST));
+        self.at = now;
+        if self.reviews >= 1.0 {
+            self.reviews -= 1.0;
+            Ok(())
+        } else {
+            Err(Duration::from_secs_f64((1.0 - self.reviews) / f64::from(REVIEWS_PER_SECOND)))
+        }
+    }
+
+    /// Counts a refusal; the refusals to log now, if a line is due.
+    fn refused(&mut self, now: Instant) -> Option<u64> {
+        self.refused += 1;
+        if self.logged.is_some_and(|at| now < at + REFUSALS_LOGGED_EVERY) {
+            return None;
+        }
+        self.logged = Some(now);
+        Some(std::mem::take(&mut self.refused))
+    }
+}
+
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
 
     /// An allowed scraper is reviewed again after a minute; a refused one
     /// after 10 s, so a fixed binding takes effect soon.
@@ -170,18 +343,32 @@ mod tests {
         }
     }
 
+    type Handle = tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>;
+
     /// A client whose requests `handle` answers.
-    fn mocked()
-    -> (Client, tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>) {
+    pub(crate) fn mocked() -> (Client, Handle) {
         let (service, handle) = tower_test::mock::pair();
         (Client::new(service, "default"), handle)
     }
 
-    async fn answer(
-        handle: &mut tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>,
-        path: &str,
-        body: serde_json::Value,
-    ) -> serde_json::Value {
+    /// A client whose every request is a TokenReview answered "not
+    /// authenticated", and how many it has made.
+    pub(crate) fn refusing_every_token() -> (Client, Arc<AtomicUsize>) {
+        let (client, mut handle) = mocked();
+        let reviews = Arc::new(AtomicUsize::new(0));
+        let counted = reviews.clone();
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                assert_eq!(request.uri().path(), TOKEN_REVIEWS, "only TokenReviews for unknown tokens");
+                counted.fetch_add(1, Ordering::SeqCst);
+                let body = serde_json::json!({ "status": { "authenticated": false } });
+                send.send_response(http::Response::new(kube::client::Body::from(serde_json::to_vec(&body).unwrap())));
+            }
+        });
+        (client, reviews)
+    }
+
+    async fn answer(handle: &mut Handle, path: &str, body: serde_json::Value) -> serde_json::Value {
         let next = tokio::time::timeout(Duration::from_secs(5), handle.next_request()).await;
         let (request, send) = next.expect("no request made").expect("a request");
         assert_eq!((request.method().as_str(), request.uri().path()), ("POST", path));
@@ -197,29 +384,160 @@ mod tests {
         key
     }
 
+    /// An answer that lives until `until`, used before any other.
+    fn cached_until(access: Access, until: Instant) -> Cached {
+        Cached { access, until, used: 0 }
+    }
+
     /// The cache never holds more than MAX_CACHED answers: at the bound the
-    /// expired ones go first, and only when none has expired does it start
-    /// over (tokens past the bound are someone trying many).
+    /// expired ones go first, and only when too few have expired does it
+    /// forget live ones.
     #[tokio::test]
     async fn the_review_cache_stays_within_its_bound_dropping_expired_answers_first() {
         let auth = MetricsAuth::new(mocked().0);
         let past = Instant::now() - Duration::from_secs(1);
         {
             let mut cache = auth.cache.lock();
-            cache.insert(key(0), (Access::Allowed, Instant::now() + ALLOWED_FOR));
-            cache.extend((1..MAX_CACHED).map(|n| (key(n), (Access::Allowed, past))));
+            cache.answers.insert(key(0), cached_until(Access::Allowed, Instant::now() + ALLOWED_FOR));
+            cache.answers.extend((1..MAX_CACHED).map(|n| (key(n), cached_until(Access::Allowed, past))));
         }
         auth.remember(key(MAX_CACHED), Access::Forbidden);
-        assert_eq!(auth.cache.lock().len(), 2, "the expired answers go, the live one and the new one stay");
+        assert_eq!(auth.cache.lock().answers.len(), 2, "the expired answers go, the live one and the new one stay");
         assert_eq!(auth.cached(&key(0)), Some(Access::Allowed));
         assert_eq!(auth.cached(&key(MAX_CACHED)), Some(Access::Forbidden));
         for n in 1..=MAX_CACHED + 10 {
             auth.remember(key(MAX_CACHED + n), Access::Allowed);
-            assert!(auth.cache.lock().len() <= MAX_CACHED, "{} answers cached", auth.cache.lock().len());
+            let len = auth.cache.lock().answers.len();
+            assert!(len <= MAX_CACHED, "{len} answers cached");
         }
     }
 
-    const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
+    /// Prometheus's answer, read at each scrape, outlives a flood of new
+    /// tokens that fills the cache many times over; an answer nobody reads
+    /// again goes, though it was written after Prometheus's.
+    #[tokio::test]
+    async fn a_recently_used_answer_survives_a_flood_of_new_tokens_and_the_least_recently_used_goes() {
+        let mut cache = Cache::default();
+        let now = Instant::now();
+        let (scraper, idle) = (key(0), key(1));
+        cache.insert(scraper, Access::Allowed, now);
+        cache.insert(idle, Access::Allowed, now);
+        for n in 2..4 * MAX_CACHED {
+            cache.insert(key(n), Access::Unauthenticated, now);
+            assert!(cache.answers.len() <= MAX_CACHED, "{} answers cached", cache.answers.len());
+            if n % 100 == 0 {
+                assert_eq!(cache.get(&scraper, now), Some(Access::Allowed), "the scraper's answer, {n} tokens in");
+            }
+        }
+        assert_eq!(cache.get(&scraper, now), Some(Access::Allowed));
+        assert_eq!(cache.get(&idle, now), None, "the least recently used answer is still cached");
+        assert!(cache.answers.len() > MAX_CACHED - EVICTED, "a full cache forgot more than it needed to");
+    }
+
+    /// The check of `token`, as a middleware makes it.
+    async fn check(auth: &MetricsAuth, token: &str) -> Access {
+        auth.check(Some(&format!("Bearer {token}"))).await.unwrap()
+    }
+
+    /// A flood of junk tokens: the bucket's burst is reviewed, every token
+    /// past it refused without a request, until the bucket refills.
+    #[tokio::test(start_paused = true)]
+    async fn a_flood_of_new_tokens_past_the_burst_gets_too_many_without_a_review_until_the_bucket_refills() {
+        let (client, reviews) = refusing_every_token();
+        let auth = MetricsAuth::new(client);
+        let burst = usize::try_from(REVIEW_BURST).unwrap();
+        let per_second = usize::try_from(REVIEWS_PER_SECOND).unwrap();
+        let flood = |from: usize| {
+            let auth = &auth;
+            async move {
+                let mut too_many = 0;
+                for n in from..from + 100 {
+                    match check(auth, &format!("junk-{n}")).await {
+                        Access::Unauthenticated => {}
+                        Access::TooMany { retry_after } => {
+                            assert!(retry_after > Duration::ZERO, "ask again later, not now");
+                            assert!(retry_after <= Duration::from_secs(1) / REVIEWS_PER_SECOND, "{retry_after:?}");
+                            too_many += 1;
+                        }
+                        other => panic!("junk-{n}: {other:?}"),
+                    }
+                }
+                too_many
+            }
+        };
+        assert_eq!(flood(0).await, 100 - burst, "refused past the burst");
+        assert_eq!(reviews.load(Ordering::SeqCst), burst, "TokenReviews sent");
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(flood(100).await, 100 - per_second, "refused a second later");
+        assert_eq!(reviews.load(Ordering::SeqCst), burst + per_second, "TokenReviews sent");
+    }
+
+    /// Prometheus, reviewed before the flood, is answered from the cache
+    /// while every new token is refused.
+    #[tokio::test(start_paused = true)]
+    async fn a_scraper_whose_answer_is_cached_is_answered_while_new_tokens_are_refused() {
+        let (client, reviews) = refusing_every_token();
+        let auth = MetricsAuth::new(client);
+        auth.remember(token_key("prometheus"), Access::Allowed);
+        let mut n = 0;
+        while !matches!(check(&auth, &format!("junk-{n}")).await, Access::TooMany { .. }) {
+            n += 1;
+        }
+        let sent = reviews.load(Ordering::SeqCst);
+        for _ in 0..10 {
+            assert_eq!(check(&auth, "prometheus").await, Access::Allowed);
+        }
+        assert_eq!(reviews.load(Ordering::SeqCst), sent, "a cached answer made a request");
+    }
+
+    /// With two reviews waiting on the API server, a third new token waits
+    /// PERMIT_WAIT, then is refused without a request.
+    #[tokio::test(start_paused = true)]
+    async fn a_new_token_past_the_reviews_in_flight_waits_briefly_then_gets_too_many() {
+        let (client, mut handle) = mocked();
+        let auth = Arc::new(MetricsAuth::new(client));
+        let checks: Vec<_> = (0..=REVIEWS_IN_FLIGHT)
+            .map(|n| {
+                let auth = auth.clone();
+                tokio::spawn(async move { check(&auth, &format!("slow-{n}")).await })
+            })
+            .collect();
+        let mut held = Vec::new();
+        for _ in 0..REVIEWS_IN_FLIGHT {
+            held.push(handle.next_request().await.expect("a review").1);
+        }
+        tokio::time::sleep(PERMIT_WAIT + Duration::from_millis(1)).await;
+        let refused: Vec<_> = checks.iter().filter(|c| c.is_finished()).collect();
+        assert_eq!(refused.len(), 1, "checks answered while the reviews wait");
+        let more = tokio::time::timeout(Duration::from_secs(1), handle.next_request()).await;
+        assert!(more.is_err(), "a review past {REVIEWS_IN_FLIGHT} in flight was sent");
+        for send in held {
+            let body = serde_json::json!({ "status": { "authenticated": false } });
+            send.send_response(http::Response::new(kube::client::Body::from(serde_json::to_vec(&body).unwrap())));
+        }
+        let mut answers = Vec::new();
+        for c in checks {
+            answers.push(c.await.unwrap());
+        }
+        let too_many = answers.iter().filter(|a| matches!(a, Access::TooMany { .. })).count();
+        let reviewed = answers.iter().filter(|a| **a == Access::Unauthenticated).count();
+        assert_eq!((too_many, reviewed), (1, REVIEWS_IN_FLIGHT), "{answers:?}");
+    }
+
+    /// A flood is logged once a minute with its count, not once a request.
+    #[test]
+    fn over_limit_refusals_are_logged_once_a_minute_with_their_count() {
+        let start = Instant::now();
+        let mut limiter = Limiter::new(start);
+        assert_eq!(limiter.refused(start), Some(1), "the first refusal is logged at once");
+        for _ in 0..99 {
+            assert_eq!(limiter.refused(start + Duration::from_secs(30)), None);
+        }
+        assert_eq!(limiter.refused(start + REFUSALS_LOGGED_EVERY), Some(100), "the refusals since the last line");
+        assert_eq!(limiter.refused(start + REFUSALS_LOGGED_EVERY + Duration::from_secs(1)), None);
+    }
+
+    pub(crate) const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";
     const ACCESS_REVIEWS: &str = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
 
     #[tokio::test]

@@ -98,6 +98,7 @@ pub fn spawn(caches: Caches, metrics: Arc<Metrics>, fence: Option<Arc<Fence>>) -
             let Some(fence) = &fence else { continue };
             let refused = fence.refused_for();
             metrics.set_fence_refused(refused);
+            metrics.set_fence_state(fence.state());
             if !fence.refusal_lasts() {
                 reported = false;
             } else if !reported {

@@ -1,8 +1,9 @@
 //! Secure metrics as deploy/ serves them (`--metrics-secure`): HTTPS, each
 //! scrape's bearer token reviewed by the API server — no token 401, a
 //! ServiceAccount without the metrics-reader role 403, with it 200 — and
-//! the answers cached, so repeated scrapes cost the API server nothing; then
-//! a real Prometheus scraping it with a ServiceAccount token.
+//! the answers cached, so repeated scrapes cost the API server nothing; a
+//! flood of junk tokens limited to a few reviews, the reader still answered;
+//! then a real Prometheus scraping it with a ServiceAccount token.
 
 mod common;
 
@@ -10,6 +11,8 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::*;
+use k8s_openapi::jiff::Timestamp;
+use sample_controller::metrics_auth::{REVIEW_BURST, REVIEWS_PER_SECOND};
 use serde_json::json;
 
 /// The operator, serving secure metrics, its requests made as `user` (the
@@ -74,6 +77,120 @@ fn reviews(user: &str) -> (usize, usize) {
     let made = audited_as(user);
     let count = |resource: &str| made.iter().filter(|r| r.resource == resource && r.verb == "create").count();
     (count("tokenreviews"), count("subjectaccessreviews"))
+}
+
+/// How the flood of the test below is sent: distinct junk tokens, so none
+/// is answered from the cache, that many at a time, within the window the
+/// bound is stated for.
+const FLOOD_TOKENS: usize = 2_000;
+const FLOOD_AT_ONCE: usize = 50;
+const FLOOD_WINDOW: Duration = Duration::from_secs(10);
+/// The most TokenReviews such a flood may cost.
+const FLOOD_REVIEWS: usize = 100;
+
+/// Someone who can reach the metrics port sends 2 000 distinct junk
+/// tokens within 10 s, 50 at a time. Each is answered 401 (reviewed: not a
+/// token) or 429 with a `Retry-After` (over the review limit), and the
+/// audit log shows at most 100 TokenReviews from the operator since the
+/// flood began — no more than the limit's burst plus its rate over the
+/// flood's length. The reader, reviewed before the flood, is answered 200
+/// after it with no review (from the cache). The operator runs with leader
+/// election (1 s retry period), its Lease renewals through the client the
+/// reviews use: the audit log shows them through the flood with no gap
+/// longer than two retry periods, so the reviews did not hold them up.
+#[tokio::test]
+async fn a_flood_of_junk_tokens_costs_at_most_100_token_reviews_and_the_reader_is_still_answered() {
+    let ns = TestNamespace::new("metrics-flood").await;
+    let user = format!("{}-operator", ns.name);
+    let election = election_args(&ns.name, LEASE);
+    let op = secure_operator(&ns, &user, &election.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    wait_until("the operator to lead", TIMEOUT, || holder(&ns)).await;
+    let reader = service_account_token(&ns, "reader", true);
+    wait_until("the reader's scrape to be allowed", TIMEOUT, || async {
+        (scrape(&op, Some(&reader), false).0 == 200).then_some(())
+    })
+    .await;
+
+    let from = Timestamp::now();
+    let started = std::time::Instant::now();
+    let answers = flood(&ns.name, op.metrics);
+    let took = started.elapsed();
+    let until = Timestamp::now();
+    assert_eq!(scrape(&op, Some(&reader), false).0, 200, "the reader's scrape after the flood");
+
+    assert!(
+        took <= FLOOD_WINDOW,
+        "the flood took {took:?}: the bound is for {FLOOD_TOKENS} tokens in {FLOOD_WINDOW:?}"
+    );
+    assert_flood_answered(&answers);
+    let made = audited_as(&user);
+    let since = |resource: &str, from: Timestamp| {
+        made.iter().filter(|r| r.resource == resource && r.verb == "create" && r.at >= from).count()
+    };
+    let limit = REVIEW_BURST as usize + REVIEWS_PER_SECOND as usize * took.as_secs().saturating_add(1) as usize;
+    let token_reviews = since("tokenreviews", from);
+    println!("{FLOOD_TOKENS} junk tokens in {took:?}: {token_reviews} TokenReviews (the limit allows {limit})");
+    assert!(token_reviews <= limit.min(FLOOD_REVIEWS), "{token_reviews} TokenReviews for the flood");
+    assert_eq!(since("tokenreviews", until), 0, "the reader's scrape after the flood was reviewed again");
+    assert_eq!(since("subjectaccessreviews", from), 0, "no junk token authenticates; the reader was not reviewed");
+    assert_renewals_kept_their_period(&made, from, until);
+}
+
+/// `FLOOD_TOKENS` scrapes of `port`, each with a junk token of its own,
+/// `FLOOD_AT_ONCE` at a time, by one curl (thousands of processes would
+/// take longer than the window): each answer's status code and
+/// `Retry-After` header (empty if none).
+fn flood(name: &str, port: u16) -> Vec<(u16, String)> {
+    let transfer = |n: usize| {
+        format!(
+            "url = \"https://127.0.0.1:{port}/metrics\"\nheader = \"Authorization: Bearer junk-{n}\"\n\
+             output = \"/dev/null\"\nsilent\ninsecure\nmax-time = 10\n\
+             write-out = \"%{{http_code}} %header{{retry-after}}\\n\"\n"
+        )
+    };
+    let config = format!("{}/{name}-flood.curlrc", env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(&config, (0..FLOOD_TOKENS).map(transfer).collect::<Vec<_>>().join("next\n")).unwrap();
+    let at_once = FLOOD_AT_ONCE.to_string();
+    let out = Command::new("curl").args(["--parallel", "--parallel-max", &at_once, "-K", &config]).output();
+    let out = out.expect("run curl");
+    let answers: Vec<(u16, String)> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let (code, retry_after) = line.split_once(' ').unwrap_or((line, ""));
+            (code.parse().unwrap_or(0), retry_after.trim().to_owned())
+        })
+        .collect();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let said: String = stderr.chars().skip(stderr.chars().count().saturating_sub(500)).collect();
+    assert_eq!(answers.len(), FLOOD_TOKENS, "curl reported fewer answers; it said: {said}");
+    answers
+}
+
+/// Every junk token answered: 401 if it was reviewed, else 429 with a
+/// `Retry-After` of at least a second.
+fn assert_flood_answered(answers: &[(u16, String)]) {
+    for (code, retry_after) in answers {
+        match code {
+            401 => {}
+            429 => assert!(retry_after.parse::<u64>().is_ok_and(|s| s >= 1), "429 with Retry-After {retry_after:?}"),
+            other => panic!("a junk token was answered {other} (0: no answer)"),
+        }
+    }
+    let reviewed = answers.iter().filter(|(code, _)| *code == 401).count();
+    assert!(reviewed <= FLOOD_REVIEWS, "{reviewed} junk tokens were reviewed");
+}
+
+/// The Lease renewals (updates) in `[from, until]`: from `from` to the first,
+/// between each two and from the last to `until`, no gap longer than two
+/// retry periods (1 s each in these tests), and every one accepted.
+fn assert_renewals_kept_their_period(made: &[Audited], from: Timestamp, until: Timestamp) {
+    let renewals: Vec<&Audited> =
+        made.iter().filter(|r| r.resource == "leases" && r.verb == "update" && r.at >= from && r.at <= until).collect();
+    assert!(renewals.iter().all(|r| r.code == Some(200)), "a renewal failed during the flood: {renewals:?}");
+    let times: Vec<Timestamp> =
+        std::iter::once(from).chain(renewals.iter().map(|r| r.at)).chain(std::iter::once(until)).collect();
+    let longest = times.windows(2).map(|w| w[1].as_millisecond() - w[0].as_millisecond()).max().unwrap_or(0);
+    assert!(longest <= 2_000, "{longest} ms without a Lease renewal during the flood: {renewals:?}");
 }
 
 #[tokio::test]

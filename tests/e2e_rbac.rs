@@ -20,10 +20,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use sample_controller::constants::LABEL_MANAGED_BY;
+use sample_controller::deployment::desired_deployment;
 use sample_controller::error::{ApiAction, SyncError};
 use sample_controller::leader::{Elector, LeaderConfig};
 use sample_controller::leader_fence::LeaderFence;
 use sample_controller::metrics_auth::{Access, MetricsAuth};
+use sample_controller::shard::UNSHARDED;
 use sample_controller::{Foo, FooSpec};
 use serde_json::{Value, json};
 
@@ -629,15 +632,18 @@ async fn the_service_account_has_no_verb_the_controller_does_not_use() {
 /// create and patch. The patches and the delete are of objects an admin
 /// made ([`fenced_targets`]); the delete is a dry run, which admission sees
 /// as a delete but which leaves the object for the next caller. Each one's
-/// refusal, if any.
+/// refusal, if any. The Deployment writes are the operator's own, of the
+/// Deployments of Foo `fenced`, which deploy/'s confinement of the
+/// ServiceAccount (13-deployment-writes-policy.yaml) admits: only the fence
+/// decides. The created ones lack the managed-by label, so that a replica
+/// leading in `ns` never watches them (and deletes them as stale).
 async fn guarded_writes(client: &kube::Client, ns: &TestNamespace, tag: &str) -> Vec<Option<kube::Error>> {
-    let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": { "generateName": format!("{tag}-") },
-        "spec": { "replicas": 0, "selector": { "matchLabels": { "app": tag } },
-            "template": { "metadata": { "labels": { "app": tag } },
-                "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] } } }
-    }))
-    .unwrap();
+    let mut deployment = fenced_deployment(ns).await;
+    deployment.metadata.name = None;
+    deployment.metadata.generate_name = Some(format!("{tag}-"));
+    if let Some(labels) = deployment.metadata.labels.as_mut() {
+        labels.remove(LABEL_MANAGED_BY);
+    }
     let status = json!({ "status": { "availableReplicas": 0 } });
     let event = fence_event(ns, tag);
     let labelled = json!({ "metadata": { "labels": { "written-by": tag } } });
@@ -672,16 +678,19 @@ fn fence_event(ns: &TestNamespace, tag: &str) -> Event {
     .unwrap()
 }
 
+/// The Deployment of Foo `fenced`, as the operator builds it
+/// (src/deployment.rs), with no pods.
+async fn fenced_deployment(ns: &TestNamespace) -> Deployment {
+    let foo: Foo = ns.api().get(FENCED).await.expect("Foo fenced");
+    let mut deployment = desired_deployment(&foo, UNSHARDED).expect("the Deployment of Foo fenced");
+    deployment.spec.as_mut().unwrap().replicas = Some(0);
+    deployment
+}
+
 /// What the guarded writes patch and delete, made by an admin.
 async fn fenced_targets(ns: &TestNamespace) {
     create_foo(&ns.api(), FENCED, FENCED, Some(1)).await;
-    let deployment: Deployment = serde_json::from_value(json!({
-        "metadata": { "name": FENCED },
-        "spec": { "replicas": 0, "selector": { "matchLabels": { "app": FENCED } },
-            "template": { "metadata": { "labels": { "app": FENCED } },
-                "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] } } }
-    }))
-    .unwrap();
+    let deployment = fenced_deployment(ns).await;
     ns.api::<Deployment>().create(&PostParams::default(), &deployment).await.unwrap();
     let mut event = fence_event(ns, FENCED);
     event.metadata = kube::api::ObjectMeta { name: Some(FENCED.into()), ..Default::default() };
@@ -926,6 +935,70 @@ async fn the_fence_follows_the_leader_after_the_binding_is_applied_again_a_reins
         .await;
         assert!(all_admitted(&guarded_writes(&ns.client, &ns, "admin").await), "an admin's writes, after {churn:?}");
     }
+}
+
+/// How soon the leader claims its LeaderFence again once it is deleted or
+/// names another replica: its next renewal, within a retry period (1 s
+/// here, [`LEASE`]'s timings), after the watch delivers the change, plus
+/// the claim's two requests.
+const RECLAIMED_WITHIN: Duration = Duration::from_secs(2);
+
+/// The leader watches its LeaderFence: deleted, or edited to name the
+/// standby (whose writes the API server then admits), it is claimed again
+/// within a retry period, the standby is refused again, and the leader's
+/// gauge says the fence is in place.
+#[tokio::test]
+async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_and_fences_the_standby_again() {
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    let ns = TestNamespace::new("fence-watch").await;
+    fenced_targets(&ns).await;
+    let replicas = [spawn_replica(&ns.name, &pods[0], LEASE).await, spawn_replica(&ns.name, &pods[1], LEASE).await];
+    let leader = wait_until("one replica to lead", TIMEOUT, || async {
+        let mut leading = Vec::new();
+        for (i, op) in replicas.iter().enumerate() {
+            leading.extend((metric(op, DEPLOY_LEADER_SERIES).await? == 1.0).then_some(i));
+        }
+        (leading.len() == 1).then(|| leading[0])
+    })
+    .await;
+    let (standby_pod, leader_op) = (&pods[1 - leader], &replicas[leader]);
+    let standby = pod_client(standby_pod).await;
+    let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, NS);
+    let identity = wait_until("the leader's LeaderFence", TIMEOUT, || async {
+        let fence = fences.get_opt(DEPLOY_LEASE).await.ok()??;
+        fence.holder().filter(|h| h.starts_with(&pods[leader].name_any())).map(str::to_owned)
+    })
+    .await;
+    let fenced_out = || async {
+        guarded_writes(&standby, &ns, "standby").await.iter().all(|r| r.as_ref().is_some_and(is_fence_refusal))
+    };
+    wait_until("the standby refused", FENCE_FOLLOWS, || async { fenced_out().await.then_some(()) }).await;
+
+    let to_standby = json!({ "spec": { "holderIdentity": format!("{}_0", standby_pod.name_any()) } });
+    for edit in ["deleted", "naming the standby"] {
+        let changed = Instant::now();
+        if edit == "deleted" {
+            fences.delete(DEPLOY_LEASE, &DeleteParams::default()).await.expect("delete the LeaderFence");
+        } else {
+            fences.patch(DEPLOY_LEASE, &PatchParams::default(), &Patch::Merge(&to_standby)).await.expect("edit");
+        }
+        wait_until(&format!("the LeaderFence, {edit}, claimed again"), RECLAIMED_WITHIN, || async {
+            let fence = fences.get_opt(DEPLOY_LEASE).await.ok()??;
+            (fence.holder() == Some(identity.as_str())).then_some(())
+        })
+        .await;
+        println!("LeaderFence {edit}: claimed again after {:?}", changed.elapsed());
+        wait_until(&format!("the standby refused again after the LeaderFence was {edit}"), FENCE_FOLLOWS, || async {
+            fenced_out().await.then_some(())
+        })
+        .await;
+    }
+    let in_place = "sample_controller_leader_fence{state=\"in_place\"}";
+    wait_until("the leader's gauge to say its fence is in place", TIMEOUT, || async {
+        (metric(leader_op, in_place).await? == 1.0).then_some(())
+    })
+    .await;
 }
 
 /// `sample-controller check`, as a user runs it against the cluster of

@@ -237,9 +237,10 @@ fn the_shards_example_binds_each_shards_fence_to_the_lease_its_selector_names() 
     let objects: Vec<serde_json::Value> =
         built.split("\n---\n").map(|doc| serde_saphyr::from_str(doc).expect("a YAML document")).collect();
     let of_kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
-    let fenced: BTreeSet<String> = of_kind("ValidatingAdmissionPolicyBinding")
-        .map(|b| b["spec"]["paramRef"]["name"].as_str().unwrap().to_owned())
-        .collect();
+    let fence_bindings = of_kind("ValidatingAdmissionPolicyBinding")
+        .filter(|b| b["spec"]["policyName"] == sample_controller::constants::FENCE_POLICY);
+    let fenced: BTreeSet<String> =
+        fence_bindings.map(|b| b["spec"]["paramRef"]["name"].as_str().unwrap().to_owned()).collect();
     let mut leases = BTreeSet::new();
     for d in of_kind("Deployment") {
         let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
@@ -257,6 +258,9 @@ fn the_shards_example_binds_each_shards_fence_to_the_lease_its_selector_names() 
         .map(|o| format!("{}{}", o["kind"], o["spec"]["selector"]))
         .collect();
     assert_eq!(selectors.len(), 6);
-    assert_eq!(of_kind("ValidatingAdmissionPolicy").count(), 1, "one policy, shared");
+    // The fence's policy and the ServiceAccount's confinement, with its one
+    // binding (it takes no parameter): shared.
+    assert_eq!(of_kind("ValidatingAdmissionPolicy").count(), 2, "one fence policy and one confinement, shared");
+    assert_eq!(of_kind("ValidatingAdmissionPolicyBinding").count(), 4, "a fence binding per shard, one confinement's");
     assert_eq!(of_kind("Namespace").count(), 1);
 }

@@ -1,0 +1,360 @@
+//! deploy/'s confinement of the operator's ServiceAccount
+//! (13-deployment-writes-policy.yaml and its binding) against the real API
+//! server: as that ServiceAccount, from a pod of deploy/'s Deployment
+//! (impersonated, with the pod the API server would name in a pod-bound
+//! token's user info, so that deploy/'s leader fence admits it), the writes
+//! the operator makes are admitted — built by the crate's own code, so the
+//! tests follow it — and any other write to a Deployment is refused, with
+//! the policy's reason. Its own test binary, run one test at a time
+//! (.config/nextest.toml, and a lock under `cargo test`): the tests share
+//! deploy/'s LeaderFence.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::ResourceExt;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use sample_controller::Foo;
+use sample_controller::constants::{CONTAINER_IMAGE, LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
+use sample_controller::decision::DeploymentPatch;
+use sample_controller::deployment::desired_deployment;
+use sample_controller::leader_fence::{LeaderFence, LeaderFenceSpec};
+use sample_controller::shard::UNSHARDED;
+use serde_json::json;
+
+/// The policy's name, which the API server puts in each of its refusals.
+const POLICY: &str = "sample-controller-deployment-writes";
+
+/// What the tests install: deploy/'s namespace, ServiceAccount and RBAC, its
+/// leader fence, and the confinement. Not the operator's Deployment: no
+/// replica runs here.
+const FILES: [&str; 9] = [
+    "deploy/00-namespace.yaml",
+    "deploy/01-serviceaccount.yaml",
+    "deploy/02-clusterrole.yaml",
+    "deploy/03-clusterrolebinding.yaml",
+    "deploy/11-leader-fence-crd.yaml",
+    "deploy/11-leader-fence-policy.yaml",
+    "deploy/12-leader-fence-binding.yaml",
+    "deploy/13-deployment-writes-policy.yaml",
+    "deploy/14-deployment-writes-binding.yaml",
+];
+
+/// The pods the tests' writes come from, named as replicas of deploy/'s
+/// Deployment are (`<deployment>-<hash>-<suffix>`): the LeaderFence names
+/// the first, so deploy/'s leader fence admits its writes and refuses the
+/// other's.
+const HOLDER_POD: &str = "sample-controller-6b8f9d7c5-holdr";
+const STANDBY_POD: &str = "sample-controller-6b8f9d7c5-stndb";
+
+/// The API server's policy refresh (a second) and its informer of the
+/// LeaderFence (milliseconds), with room for a loaded machine.
+const IN_EFFECT: Duration = Duration::from_secs(20);
+
+/// A client acting as deploy/'s ServiceAccount from `pod`, as the API
+/// server sees a replica's pod-bound token: the user, its groups, and the
+/// pod's name in its extra.
+async fn operator_in(pod: &str) -> kube::Client {
+    let mut cfg = service_account_config(DEPLOY_NS, DEPLOY_SA).await;
+    cfg.auth_info.impersonate_user_extra =
+        Some([("authentication.kubernetes.io/pod-name".to_owned(), vec![pod.to_owned()])].into());
+    kube::Client::try_from(cfg).expect("client")
+}
+
+/// One test at a time in this process (cargo test runs a binary's tests on
+/// threads; cargo-nextest runs each in a process of its own, one at a time).
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// deploy/'s confinement and leader fence installed, the LeaderFence
+/// naming [`HOLDER_POD`], and a namespace for one test with a Foo of its
+/// own (`example-foo`, naming Deployment `example-foo`). deploy/'s Lease
+/// and LeaderFence are deleted again when it is dropped.
+struct Confined {
+    ns: TestNamespace,
+    foo: Foo,
+    /// As deploy/'s ServiceAccount from the pod the LeaderFence names.
+    operator: Api<Deployment>,
+    _lease: FreshLease,
+    /// Dropped last: the next test starts once this one's LeaderFence is gone.
+    _alone: tokio::sync::MutexGuard<'static, ()>,
+}
+
+impl Confined {
+    async fn new(prefix: &str) -> Self {
+        let alone = ONE_AT_A_TIME.lock().await;
+        let lease = FreshLease::new();
+        let mut apply = vec!["apply"];
+        for file in FILES {
+            apply.extend(["-f", file]);
+        }
+        kubectl_ok(&apply);
+        kubectl_ok(&[
+            "wait",
+            "--for=condition=established",
+            "crd/leaderfences.samplecontroller.k8s.io",
+            "--timeout=60s",
+        ]);
+        let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
+        let holder =
+            LeaderFence::new(DEPLOY_LEASE, LeaderFenceSpec { holder_identity: Some(format!("{HOLDER_POD}_1")) });
+        fences.create(&PostParams::default(), &holder).await.expect("a LeaderFence naming the holder's pod");
+
+        let ns = TestNamespace::new(prefix).await;
+        let foo = create_foo(&ns.api(), "example-foo", "example-foo", Some(1)).await;
+        let operator = Api::namespaced(operator_in(HOLDER_POD).await, &ns.name);
+        let confined = Confined { ns, foo, operator, _lease: lease, _alone: alone };
+        // In effect once the API server refuses what only the confinement
+        // refuses, and admits the holder's own writes.
+        wait_until("the confinement in effect, the holder's writes admitted", IN_EFFECT, || async {
+            let theirs = confined.operator.create(&dry_run(), &unowned("in-effect")).await;
+            let own = confined.operator.create(&dry_run(), &confined.as_the_operator_builds_it()).await;
+            (is_confinement_refusal(&theirs, "") && own.is_ok()).then_some(())
+        })
+        .await;
+        confined
+    }
+
+    /// The Deployment the operator creates for the Foo: the crate's own
+    /// builder, as a sync calls it.
+    fn as_the_operator_builds_it(&self) -> Deployment {
+        desired_deployment(&self.foo, UNSHARDED).expect("a Foo with a uid and a deploymentName")
+    }
+
+    /// The Foo's Deployment, created by the operator (as the ServiceAccount).
+    async fn owned(&self) -> Deployment {
+        let created = self.operator.create(&PostParams::default(), &self.as_the_operator_builds_it()).await;
+        created.expect("the operator creates its Foo's Deployment")
+    }
+
+    /// A Deployment no Foo controls, made by an admin.
+    async fn unowned(&self, name: &str) -> Deployment {
+        let admin: Api<Deployment> = self.ns.api();
+        admin.create(&PostParams::default(), &unowned(name)).await.expect("an admin creates a Deployment")
+    }
+}
+
+fn dry_run() -> PostParams {
+    PostParams { dry_run: true, ..PostParams::default() }
+}
+
+/// A Deployment of someone else's: no owner, its own image.
+fn unowned(name: &str) -> Deployment {
+    serde_json::from_value(json!({
+        "metadata": { "name": name },
+        "spec": { "replicas": 0, "selector": { "matchLabels": { "app": name } },
+            "template": { "metadata": { "labels": { "app": name } },
+                "spec": { "containers": [{ "name": "c", "image": "busybox:1" }] } } }
+    }))
+    .unwrap()
+}
+
+/// Whether `result` is this policy's refusal, the API server's 403 whose
+/// message names the policy and says `reason`.
+fn is_confinement_refusal<T>(result: &kube::Result<T>, reason: &str) -> bool {
+    matches!(result, Err(kube::Error::Api(s)) if s.code == 403
+        && s.message.contains(&format!("ValidatingAdmissionPolicy '{POLICY}'"))
+        && s.message.contains(reason))
+}
+
+/// `result` must be this policy's refusal for `reason`.
+#[track_caller]
+fn assert_refused<T: std::fmt::Debug>(result: &kube::Result<T>, reason: &str) {
+    assert!(is_confinement_refusal(result, reason), "expected a 403 of {POLICY} saying {reason:?}, got {result:?}");
+}
+
+/// The merge patch a sync makes (src/decision.rs), conditional on `d` as
+/// read.
+fn operator_patch(
+    d: &Deployment,
+    replicas: Option<i32>,
+    adopt: bool,
+    relabel: &[(&str, Option<&str>)],
+) -> serde_json::Value {
+    let patch = DeploymentPatch {
+        name: d.name_any(),
+        uid: d.uid(),
+        resource_version: d.resource_version(),
+        replicas,
+        adopt,
+        relabel: relabel.iter().map(|(k, v)| ((*k).to_owned(), v.map(str::to_owned))).collect(),
+    };
+    patch.body()
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_create_a_deployment_as_the_operator_builds_it() {
+    let confined = Confined::new("confined-create").await;
+    let created = confined.owned().await;
+    let containers = &created.spec.unwrap().template.spec.unwrap().containers;
+    assert_eq!(containers[0].image.as_deref(), Some(CONTAINER_IMAGE));
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_scale_a_deployment_a_foo_controls() {
+    let confined = Confined::new("confined-scale").await;
+    let d = confined.owned().await;
+    let patch = operator_patch(&d, Some(3), false, &[]);
+    let scaled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    assert_eq!(replicas(&scaled.expect("the operator scales its Foo's Deployment")), Some(3));
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_relabel_a_deployment_a_foo_controls() {
+    let confined = Confined::new("confined-relabel").await;
+    let d = confined.owned().await;
+    // Its managed-by label (what an adoption writes) and a shard label
+    // (a Foo moved to another shard) set...
+    let patch = operator_patch(&d, None, true, &[("shard", Some("a"))]);
+    let relabelled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    let labels = relabelled.expect("the operator relabels its Foo's Deployment").labels().clone();
+    assert_eq!(labels.get("shard").map(String::as_str), Some("a"));
+    assert_eq!(labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(LABEL_MANAGED_BY_VALUE));
+    // ...and a shard label removed.
+    let d = confined.ns.api::<Deployment>().get(&d.name_any()).await.unwrap();
+    let patch = operator_patch(&d, None, false, &[("shard", None)]);
+    let relabelled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    assert!(!relabelled.expect("the operator removes a shard label").labels().contains_key("shard"));
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_delete_a_deployment_a_foo_controls() {
+    let confined = Confined::new("confined-delete").await;
+    let d = confined.owned().await;
+    // As a sync deletes a Foo's Deployment under a former name
+    // (src/sync.rs): in the background, only this very object.
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions { uid: d.uid(), resource_version: None }),
+        ..DeleteParams::background()
+    };
+    confined.operator.delete(&d.name_any(), &dp).await.expect("the operator deletes its Foo's Deployment");
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_change_the_pod_template_of_a_deployment_a_foo_controls() {
+    let confined = Confined::new("confined-template").await;
+    let d = confined.owned().await;
+    let template = json!({ "spec": { "template": { "spec": {
+        "containers": [{ "name": "nginx", "image": "registry.example.com/not-nginx:1" }] } } } });
+    let patched = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&template)).await;
+    assert_refused(&patched, "may only change a Deployment's metadata.labels and spec.replicas, not spec.template");
+    // Nor its ownerReferences, even along with a change it may make.
+    let mut disowned = operator_patch(&d, Some(2), false, &[]);
+    disowned["metadata"]["ownerReferences"] = json!(null);
+    let patched = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&disowned)).await;
+    assert_refused(&patched, "not metadata.ownerReferences");
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_scale_or_relabel_a_deployment_no_foo_controls() {
+    let confined = Confined::new("confined-unowned-patch").await;
+    let theirs = confined.unowned("theirs").await;
+    for patch in
+        [operator_patch(&theirs, Some(3), false, &[]), operator_patch(&theirs, None, true, &[("shard", Some("a"))])]
+    {
+        let patched = confined.operator.patch("theirs", &PatchParams::default(), &Patch::Merge(&patch)).await;
+        assert_refused(&patched, "may only update a Deployment that has a controller ownerReference to a Foo");
+    }
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_delete_a_deployment_no_foo_controls() {
+    let confined = Confined::new("confined-unowned-delete").await;
+    confined.unowned("theirs").await;
+    let deleted = confined.operator.delete("theirs", &DeleteParams::background()).await;
+    assert_refused(&deleted, "may only delete a Deployment that has a controller ownerReference to a Foo");
+    assert!(deployment(&confined.ns, "theirs").await.is_some(), "refused, yet deleted");
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_create_a_deployment_no_foo_controls() {
+    let confined = Confined::new("confined-unowned-create").await;
+    let created = confined.operator.create(&PostParams::default(), &unowned("theirs")).await;
+    assert_refused(&created, "may only create a Deployment with a controller ownerReference to a Foo");
+    // Nor the operator's own template without its owner.
+    let mut orphan = confined.as_the_operator_builds_it();
+    orphan.metadata.owner_references = None;
+    let created = confined.operator.create(&PostParams::default(), &orphan).await;
+    assert_refused(&created, "may only create a Deployment with a controller ownerReference to a Foo");
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_create_a_deployment_of_another_image_under_a_made_up_foo() {
+    let confined = Confined::new("confined-made-up-owner").await;
+    // A Foo that does not exist (admission does not look owners up), and
+    // another image.
+    let mut made_up = confined.foo.clone();
+    made_up.metadata.name = Some("made-up".into());
+    made_up.metadata.uid = Some("00000000-0000-4000-8000-00000000f00f".into());
+    made_up.spec.deployment_name = "made-up".into();
+    let mut d = desired_deployment(&made_up, UNSHARDED).unwrap();
+    let pod = d.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
+    pod.containers[0].image = Some("registry.example.com/not-nginx:1".into());
+    let created = confined.operator.create(&PostParams::default(), &d).await;
+    assert_refused(&created, "may only create a Deployment of one container, nginx, of image nginx:latest");
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_create_a_foo_deployment_with_host_access_a_command_or_another_account() {
+    let confined = Confined::new("confined-host").await;
+    let mut d = confined.as_the_operator_builds_it();
+    let mut pod = serde_json::to_value(d.spec.as_ref().unwrap().template.spec.as_ref().unwrap()).unwrap();
+    pod["hostPID"] = json!(true);
+    pod["serviceAccountName"] = json!("default");
+    pod["volumes"] = json!([{ "name": "root", "hostPath": { "path": "/" } }]);
+    pod["containers"][0]["command"] = json!(["sh", "-c", "cat /host/etc/shadow"]);
+    pod["containers"][0]["securityContext"] = json!({ "capabilities": { "add": ["SYS_ADMIN"] } });
+    d.spec.as_mut().unwrap().template.spec = Some(serde_json::from_value(pod).unwrap());
+    let created = confined.operator.create(&PostParams::default(), &d).await;
+    assert_refused(&created, "may only create a Deployment as the operator builds it, which does not set");
+    let Err(kube::Error::Api(refusal)) = &created else { unreachable!() };
+    for field in [
+        "spec.template.spec.hostPID",
+        "spec.template.spec.serviceAccountName",
+        "spec.template.spec.volumes",
+        "spec.template.spec.containers[nginx].command",
+        "spec.template.spec.containers[nginx].securityContext",
+    ] {
+        assert!(refusal.message.contains(field), "the refusal does not name {field}: {}", refusal.message);
+    }
+}
+
+#[tokio::test]
+async fn other_users_writes_to_deployments_are_not_confined() {
+    let confined = Confined::new("confined-others").await;
+    let d = confined.owned().await;
+    let template = json!({ "spec": { "template": { "spec": {
+        "containers": [{ "name": "nginx", "image": "registry.example.com/not-nginx:1" }] } } } });
+    let admin: Api<Deployment> = confined.ns.api();
+    admin.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&template)).await.expect("an admin's patch");
+    admin.create(&PostParams::default(), &unowned("theirs")).await.expect("an admin's create");
+    admin.delete("theirs", &DeleteParams::background()).await.expect("an admin's delete");
+}
+
+#[tokio::test]
+async fn the_leader_fence_still_refuses_the_operators_own_writes_from_a_pod_that_does_not_hold_the_lease() {
+    let confined = Confined::new("confined-fence").await;
+    let standby: Api<Deployment> = Api::namespaced(operator_in(STANDBY_POD).await, &confined.ns.name);
+    let fence = format!("ValidatingAdmissionPolicy '{}'", sample_controller::constants::FENCE_POLICY);
+    let by_the_fence = |what: &str, result: kube::Result<Deployment>| match result {
+        Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(&fence) => {}
+        other => panic!("{what} from the standby's pod: expected the fence's refusal, got {other:?}"),
+    };
+    // The fence follows the LeaderFence through an informer: in effect
+    // within milliseconds of its write.
+    let ours = confined.as_the_operator_builds_it();
+    wait_until("the fence to refuse the standby's pod", IN_EFFECT, || async {
+        let created = standby.create(&dry_run(), &ours).await;
+        matches!(&created, Err(kube::Error::Api(s)) if s.message.contains(&fence)).then_some(())
+    })
+    .await;
+    by_the_fence("a create", standby.create(&PostParams::default(), &ours).await);
+    // The holder's same writes pass both policies.
+    let d = confined.owned().await;
+    let patch = operator_patch(&d, Some(2), false, &[]);
+    by_the_fence("a scale", standby.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await);
+    let scaled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    assert_eq!(replicas(&scaled.expect("the holder's scale")), Some(2));
+}
