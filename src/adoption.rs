@@ -48,8 +48,9 @@ use crate::foo::Foo;
 use crate::shard::FollowedLabels;
 
 /// Deployments per page of the pass's list: kube-runtime's page size for
-/// the watches' lists. Each is decoded as it streams in, keeping about a
-/// hundred bytes of each, so the page size bounds requests, not memory.
+/// the watches' lists. Each is decoded as it streams in, keeping a few
+/// hundred bytes of each ([`Listed`]), so the page size bounds requests,
+/// not memory.
 pub const PAGE: u32 = 500;
 
 /// What the pass needs of a cached Foo.
@@ -241,7 +242,7 @@ struct ListedMeta {
     namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
-    #[serde(default, deserialize_with = "crate::cache::wire::controller_reference")]
+    #[serde(default, deserialize_with = "crate::wire::controller_reference")]
     owner_references: Option<OwnerReference>,
 }
 

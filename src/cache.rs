@@ -10,8 +10,9 @@
 //!   (finalizers, ownerReferences, annotations, other tools' conditions have
 //!   no size bound but the API server's object limit), so what is cached is
 //!   bounded by the number of objects, not by what users write in them.
-//!   Deployments are decoded as a [`DeploymentView`], so their pod templates
-//!   are never even built;
+//!   Most of it is never even built: the watches decode Foos as
+//!   [`crate::wire::FooWire`] and Deployments as a [`DeploymentView`], whose
+//!   metadata skips what no sync reads and whose pod template is not there;
 //! - **our own writes are seen at once** ([`Cache::wrote`]). A watch delivers
 //!   our write a few milliseconds after the API server acknowledged it; a sync
 //!   that runs in between would otherwise see the old object and repeat the
@@ -34,7 +35,6 @@
 
 mod index;
 mod own_writes;
-pub mod wire;
 
 use std::fmt::Debug;
 use std::sync::Arc;

@@ -112,7 +112,7 @@ pub fn patch_params() -> PatchParams {
 /// body on a blocking thread through a synchronous bridge, so no copy of it
 /// is held whole (kube's own calls hold it twice, as bytes and as text,
 /// beside the decoded object). With a `T` that skips what it does not need
-/// ([`crate::cache::wire`]), a response's size costs no memory.
+/// ([`crate::wire`]), a response's size costs no memory.
 pub async fn send_streamed<T>(client: &Client, request: http::Request<Vec<u8>>) -> kube::Result<T>
 where
     T: serde::de::DeserializeOwned + Send + 'static,

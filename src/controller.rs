@@ -17,7 +17,6 @@ use kube::runtime::watcher;
 use tracing::{debug, info};
 
 use crate::backlog::{Backlog, Lane, first_sync_lane};
-use crate::cache::wire::{FooWire, foo_event};
 use crate::cache::{Cache, Caches, by_name, trim_deployment, trim_foo};
 use crate::client::api;
 use crate::deployment::{DeploymentView, controlling_foo, managed_selector};
@@ -26,6 +25,7 @@ use crate::foo::Foo;
 use crate::shard::Shard;
 use crate::sync::{Context, error_policy, reconcile};
 use crate::watch::watch;
+use crate::wire::{FooWire, foo_event};
 use crate::workqueue::{QueueMetrics, queue_key};
 
 /// What to watch, and how hard to work.
@@ -85,7 +85,7 @@ pub fn build(
     let deployment_watch = base.labels(&shard.narrow(&managed_selector()));
     let (foos, foo_writer) = Cache::new(trim_foo(shard));
     let (deployments, deployment_writer) = Cache::new(trim_deployment(shard));
-    // Decoded without what a sync never reads (`cache::wire`).
+    // Decoded without what a sync never reads (`wire`).
     let foo_events = watch(api::<FooWire>(client, settings.namespace.as_deref()), foo_watch).map_ok(foo_event);
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
     let deployment_events = watch(api::<DeploymentView>(client, settings.namespace.as_deref()), deployment_watch)

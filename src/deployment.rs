@@ -137,8 +137,8 @@ pub fn desired_deployment(foo: &Foo, followed: &FollowedLabels) -> Option<Deploy
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentView {
     /// Read without annotations, finalizers, managedFields and owners other
-    /// than the controller ([`crate::cache::wire::metadata`]).
-    #[serde(deserialize_with = "crate::cache::wire::metadata")]
+    /// than the controller ([`crate::wire::metadata`]).
+    #[serde(deserialize_with = "crate::wire::metadata")]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<ViewSpec>,

@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 
 use crate::client::post_params;
 use crate::constants::POD_NAME_ENV;
-use crate::leader_fence::{LeaderFence, no_such_kind};
+use crate::leader_fence::{FenceState, LeaderFence, no_such_kind};
 use crate::retry::BACKOFF_MAX;
 
 /// Timing and identity of one candidate.
@@ -89,36 +89,6 @@ pub struct Fence {
     lease_duration: Duration,
     /// Whether the API server's fence names this leader ([`FenceState`]).
     state: Mutex<FenceState>,
-}
-
-/// Where the API server's fence stands for this replica, as its gauge
-/// reports it (`sample_controller_leader_fence{state}`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum FenceState {
-    /// A standby, or a leader handing over: nothing to report.
-    #[default]
-    NotLeading,
-    /// The LeaderFence names this leader.
-    InPlace,
-    /// Leading where no fence was installed when it took the Lease (no
-    /// LeaderFence CRD, or no right to write one): nothing to claim.
-    NotInstalled,
-    /// Leading, but the LeaderFence does not name this leader: deleted (or
-    /// its CRD), or naming another replica, and not claimed again yet. The
-    /// API server's fence is open meanwhile (or refuses this leader).
-    Open,
-}
-
-impl FenceState {
-    /// The label value of the gauge.
-    pub fn label(self) -> &'static str {
-        match self {
-            FenceState::NotLeading => "not_leading",
-            FenceState::InPlace => "in_place",
-            FenceState::NotInstalled => "not_installed",
-            FenceState::Open => "open",
-        }
-    }
 }
 
 impl Fence {
@@ -441,9 +411,10 @@ impl Elector {
     }
 
     /// What the fence watch reports, while leading: a LeaderFence that no
-    /// longer names this leader (deleted, its CRD deleted, or edited to
-    /// name another replica) is claimed again at the next renewal, within a
-    /// retry period; until then the gauge says the fence is open.
+    /// longer names this leader (deleted, or edited to name another
+    /// replica) is claimed again at the next renewal, within a retry
+    /// period; one whose CRD was deleted, once the CRD is served again.
+    /// Until then the gauge says the fence is open.
     fn saw_fence(&mut self, seen: FenceSeen) {
         let name = &self.cfg.lease_name;
         match (&self.claim, seen) {

@@ -62,6 +62,36 @@ impl LeaderFence {
     }
 }
 
+/// Where the API server's fence stands for this replica, as its gauge
+/// reports it (`sample_controller_leader_fence{state}`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FenceState {
+    /// A standby, or a leader handing over: nothing to report.
+    #[default]
+    NotLeading,
+    /// The LeaderFence names this leader.
+    InPlace,
+    /// Leading where no fence was installed when it took the Lease (no
+    /// LeaderFence CRD, or no right to write one): nothing to claim.
+    NotInstalled,
+    /// Leading, but the LeaderFence does not name this leader: deleted (or
+    /// its CRD), or naming another replica, and not claimed again yet. The
+    /// API server's fence is open meanwhile (or refuses this leader).
+    Open,
+}
+
+impl FenceState {
+    /// The label value of the gauge.
+    pub fn label(self) -> &'static str {
+        match self {
+            FenceState::NotLeading => "not_leading",
+            FenceState::InPlace => "in_place",
+            FenceState::NotInstalled => "not_installed",
+            FenceState::Open => "open",
+        }
+    }
+}
+
 /// True when the API server answered that it serves no LeaderFences at all
 /// (no CRD installed: `kubectl apply -f crds/` installs the Foo's alone), not
 /// that one LeaderFence is missing. Two shapes, by whether the group is

@@ -13,7 +13,8 @@
 //!   over what upstream's controller made, [`leader`] elects the one replica
 //!   that writes and names it in its [`leader_fence`] for the API server;
 //! - the pure core: [`decision`] what a sync does, [`deployment`] the
-//!   Deployment a Foo asks for, [`foo`] the API type, [`shard`] which Foos
+//!   Deployment a Foo asks for, [`foo`] the API type, [`wire`] objects as
+//!   the caches decode them, [`shard`] which Foos
 //!   an instance owns, [`error`] how a sync fails, [`retry`] when to try
 //!   again;
 //! - the plumbing: [`client`], [`metrics`] (with [`workqueue`] and
@@ -47,6 +48,7 @@ pub mod telemetry;
 pub mod tls;
 pub mod watch;
 pub mod watchdog;
+pub mod wire;
 pub mod workqueue;
 
 #[cfg(any(test, feature = "test-fixtures"))]

@@ -12,8 +12,9 @@
 //! `sample_controller_build_info{version,revision}` (always 1), which says
 //! what runs; and what says the operator cannot do its job, whatever the
 //! cause (`watchdog`): `sample_controller_unsynced_foos`,
-//! `sample_controller_unsynced_foo_oldest_seconds` and
-//! `sample_controller_leader_fence_refused_seconds`; and
+//! `sample_controller_unsynced_foo_oldest_seconds`,
+//! `sample_controller_leader_fence_refused_seconds` and
+//! `sample_controller_leader_fence{state}`; and
 //! `sample_controller_metrics_auth_throttled_total`, the scrapes refused
 //! with 429 because the token reviews were over their limit.
 
@@ -301,8 +302,8 @@ impl Metrics {
 
     /// Where the leader's API server fence stands: 1 for `state`, 0 for
     /// the others.
-    pub fn set_fence_state(&self, state: crate::leader::FenceState) {
-        use crate::leader::FenceState::*;
+    pub fn set_fence_state(&self, state: crate::leader_fence::FenceState) {
+        use crate::leader_fence::FenceState::*;
         for each in [InPlace, Open, NotInstalled] {
             self.fence_state.get_or_create(&FenceLabels { state: each.label() }).set(i64::from(each == state));
         }

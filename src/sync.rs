@@ -21,7 +21,6 @@ use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{error, info, warn};
 
 use crate::adoption::Adoption;
-use crate::cache::wire::FooWire;
 use crate::cache::{Caches, by_name};
 use crate::client::{apply_params, patch_params, post_params, send_streamed};
 use crate::constants::*;
@@ -34,6 +33,7 @@ use crate::leader::{Fence, may_write};
 use crate::metrics::Metrics;
 use crate::retry::{BACKOFF_BASE, FIRST_RETRY, Failures, retry_delay};
 use crate::shard::FollowedLabels;
+use crate::wire::FooWire;
 use crate::workqueue::queue_key;
 
 /// Shared by all reconciles.
@@ -435,7 +435,7 @@ async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) ->
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
     let patch = Foo::status_apply(&target.name, status.owned_by_controller());
     // The response is the whole Foo, whatever its users put in it: decoded
-    // as the cache keeps it (`cache::wire`), never held whole.
+    // as the cache keeps it (`wire`), never held whole.
     let request = kube::core::Request::new(foos.resource_url())
         .patch_subresource("status", &target.name, &apply_params(), &Patch::Apply(&patch))
         .map_err(|e| target.api_error(ApiAction::ApplyFooStatus)(kube::Error::BuildRequest(e)))?;

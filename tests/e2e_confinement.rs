@@ -184,6 +184,25 @@ fn operator_patch(
     patch.body()
 }
 
+/// The operator's merge patch built by `patch` from the Deployment `name`
+/// as read now, sent as the operator; built and sent again while the API
+/// server answers Conflict (the Deployment controller writes the Deployment
+/// meanwhile), as a sync tries again from its newer copy.
+async fn patched_from_current(
+    confined: &Confined,
+    name: &str,
+    patch: impl Fn(&Deployment) -> serde_json::Value,
+) -> kube::Result<Deployment> {
+    for _ in 0..10 {
+        let current = confined.ns.api::<Deployment>().get(name).await.expect("read the Deployment");
+        match confined.operator.patch(name, &PatchParams::default(), &Patch::Merge(&patch(&current))).await {
+            Err(kube::Error::Api(s)) if s.is_conflict() => continue,
+            result => return result,
+        }
+    }
+    panic!("the Deployment {name} changed under ten patches in a row");
+}
+
 #[tokio::test]
 async fn the_operators_service_account_may_create_a_deployment_as_the_operator_builds_it() {
     let confined = Confined::new("confined-create").await;
@@ -196,8 +215,7 @@ async fn the_operators_service_account_may_create_a_deployment_as_the_operator_b
 async fn the_operators_service_account_may_scale_a_deployment_a_foo_controls() {
     let confined = Confined::new("confined-scale").await;
     let d = confined.owned().await;
-    let patch = operator_patch(&d, Some(3), false, &[]);
-    let scaled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    let scaled = patched_from_current(&confined, &d.name_any(), |d| operator_patch(d, Some(3), false, &[])).await;
     assert_eq!(replicas(&scaled.expect("the operator scales its Foo's Deployment")), Some(3));
 }
 
@@ -207,15 +225,14 @@ async fn the_operators_service_account_may_relabel_a_deployment_a_foo_controls()
     let d = confined.owned().await;
     // Its managed-by label (what an adoption writes) and a shard label
     // (a Foo moved to another shard) set...
-    let patch = operator_patch(&d, None, true, &[("shard", Some("a"))]);
-    let relabelled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    let shard_a = |d: &Deployment| operator_patch(d, None, true, &[("shard", Some("a"))]);
+    let relabelled = patched_from_current(&confined, &d.name_any(), shard_a).await;
     let labels = relabelled.expect("the operator relabels its Foo's Deployment").labels().clone();
     assert_eq!(labels.get("shard").map(String::as_str), Some("a"));
     assert_eq!(labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(LABEL_MANAGED_BY_VALUE));
     // ...and a shard label removed.
-    let d = confined.ns.api::<Deployment>().get(&d.name_any()).await.unwrap();
-    let patch = operator_patch(&d, None, false, &[("shard", None)]);
-    let relabelled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    let no_shard = |d: &Deployment| operator_patch(d, None, false, &[("shard", None)]);
+    let relabelled = patched_from_current(&confined, &d.name_any(), no_shard).await;
     assert!(!relabelled.expect("the operator removes a shard label").labels().contains_key("shard"));
 }
 
@@ -241,20 +258,25 @@ async fn the_operators_service_account_may_not_change_the_pod_template_of_a_depl
     let patched = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&template)).await;
     assert_refused(&patched, "may only change a Deployment's metadata.labels and spec.replicas, not spec.template");
     // Nor its ownerReferences, even along with a change it may make.
-    let mut disowned = operator_patch(&d, Some(2), false, &[]);
-    disowned["metadata"]["ownerReferences"] = json!(null);
-    let patched = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&disowned)).await;
+    let disowned = |d: &Deployment| {
+        let mut patch = operator_patch(d, Some(2), false, &[]);
+        patch["metadata"]["ownerReferences"] = json!(null);
+        patch
+    };
+    let patched = patched_from_current(&confined, &d.name_any(), disowned).await;
     assert_refused(&patched, "not metadata.ownerReferences");
 }
 
 #[tokio::test]
 async fn the_operators_service_account_may_not_scale_or_relabel_a_deployment_no_foo_controls() {
     let confined = Confined::new("confined-unowned-patch").await;
-    let theirs = confined.unowned("theirs").await;
-    for patch in
-        [operator_patch(&theirs, Some(3), false, &[]), operator_patch(&theirs, None, true, &[("shard", Some("a"))])]
-    {
-        let patched = confined.operator.patch("theirs", &PatchParams::default(), &Patch::Merge(&patch)).await;
+    confined.unowned("theirs").await;
+    let scale = |d: &Deployment| operator_patch(d, Some(3), false, &[]);
+    let relabel = |d: &Deployment| operator_patch(d, None, true, &[("shard", Some("a"))]);
+    for patched in [
+        patched_from_current(&confined, "theirs", scale).await,
+        patched_from_current(&confined, "theirs", relabel).await,
+    ] {
         assert_refused(&patched, "may only update a Deployment that has a controller ownerReference to a Foo");
     }
 }
@@ -355,6 +377,7 @@ async fn the_leader_fence_still_refuses_the_operators_own_writes_from_a_pod_that
     let d = confined.owned().await;
     let patch = operator_patch(&d, Some(2), false, &[]);
     by_the_fence("a scale", standby.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await);
-    let scaled = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await;
+    let scale = |d: &Deployment| operator_patch(d, Some(2), false, &[]);
+    let scaled = patched_from_current(&confined, &d.name_any(), scale).await;
     assert_eq!(replicas(&scaled.expect("the holder's scale")), Some(2));
 }

@@ -7,6 +7,7 @@ mod common;
 
 use std::process::Command;
 
+use common::tenant::*;
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod};
@@ -92,9 +93,7 @@ struct Confined {
 
 /// The container's process, as runc reports it, confined as it is.
 fn container_process(script_pid: u32) -> Confined {
-    let state = Command::new("runc").args(["state", &format!("sample-controller-{script_pid}")]).output().unwrap();
-    let state: serde_json::Value = serde_json::from_slice(&state.stdout).expect("runc state");
-    let pid = state["pid"].as_u64().expect("a running container");
+    let pid = container_pid(script_pid);
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).unwrap().split_whitespace().next().unwrap();
     let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
@@ -109,6 +108,14 @@ fn container_process(script_pid: u32) -> Confined {
 /// side, where /proc/PID/cgroup names the path under /sys/fs/cgroup, not
 /// from the config runc was given: this is what the container ran under.
 fn memory_cgroup_limit(pid: u64) -> u64 {
+    let file = memory_cgroup_file(pid, "memory.limit_in_bytes", "memory.max");
+    let limit = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {file}: {e}"));
+    limit.trim().parse().unwrap_or_else(|_| panic!("{file} holds {limit:?}: no limit"))
+}
+
+/// The file of process `pid`'s memory cgroup named `v1` under cgroup v1,
+/// `v2` under cgroup v2.
+fn memory_cgroup_file(pid: u64, v1: &str, v2: &str) -> String {
     let cgroups = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     let path_of = |wanted: &dyn Fn(&str) -> bool| {
         cgroups.lines().find_map(|l| {
@@ -117,12 +124,27 @@ fn memory_cgroup_limit(pid: u64) -> u64 {
             wanted(controllers).then(|| path.to_owned())
         })
     };
-    let file = match path_of(&|c| c.split(',').any(|c| c == "memory")) {
-        Some(path) => format!("/sys/fs/cgroup/memory{path}/memory.limit_in_bytes"),
-        None => format!("/sys/fs/cgroup{}/memory.max", path_of(&str::is_empty).expect("a cgroup v2 line")),
-    };
-    let limit = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {file}: {e}"));
-    limit.trim().parse().unwrap_or_else(|_| panic!("{file} holds {limit:?}: no limit"))
+    match path_of(&|c| c.split(',').any(|c| c == "memory")) {
+        Some(path) => format!("/sys/fs/cgroup/memory{path}/{v1}"),
+        None => format!("/sys/fs/cgroup{}/{v2}", path_of(&str::is_empty).expect("a cgroup v2 line")),
+    }
+}
+
+/// How many times the kernel's OOM killer has killed a process of `pid`'s
+/// memory cgroup: `oom_kill` of memory.oom_control (v1) or memory.events
+/// (v2).
+fn oom_kills(pid: u64) -> u64 {
+    let file = memory_cgroup_file(pid, "memory.oom_control", "memory.events");
+    let text = std::fs::read_to_string(&file).unwrap_or_else(|e| panic!("read {file}: {e}"));
+    let kills = text.lines().find_map(|l| l.strip_prefix("oom_kill "));
+    kills.and_then(|n| n.trim().parse().ok()).unwrap_or_else(|| panic!("no oom_kill count in {file}:\n{text}"))
+}
+
+/// The container's pid, as runc reports it.
+fn container_pid(script_pid: u32) -> u64 {
+    let state = Command::new("runc").args(["state", &format!("sample-controller-{script_pid}")]).output().unwrap();
+    let state: serde_json::Value = serde_json::from_slice(&state.stdout).expect("runc state");
+    state["pid"].as_u64().expect("a running container")
 }
 
 /// The operator in its container; TERM makes hack/run-image.sh kill it.
@@ -249,6 +271,25 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
     // Configured in-cluster: its Lease is in the namespace it read from the
     // mounted files.
     assert_eq!(holding_pod().await, Some(pods[0].name_any()), "its Lease, held in its pod's name");
+}
+
+/// The image, confined to deploy/'s memory limit, through a tenant's Foos
+/// and Deployments filled to the API server's limits (tests/common/tenant.rs,
+/// about 225 MiB of content): never OOM-killed, and a Foo created after
+/// them converges.
+#[tokio::test]
+async fn the_image_under_deploys_memory_limit_is_not_oom_killed_by_a_tenants_objects() {
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    let mut op = run_as_deployed(&image(), &pods[0]).await;
+    let pid = container_pid(op.0.child.id());
+    let tenant_ns = TenantNamespace(TestNamespace::new("image-tenant").await);
+    hoard(tenant_of(&tenant_ns.0).await, &tenant_ns.0.name).await;
+    let control = TestNamespace::new("image-control").await;
+    converges(&control, "after-the-tenant").await;
+    assert!(op.0.child.try_wait().unwrap().is_none(), "the container exited");
+    assert_eq!(oom_kills(pid), 0, "the container was OOM-killed under {DEPLOYMENT}'s limit");
+    remove(tenant_ns).await;
 }
 
 /// The install block of README.md: the fenced block after the comment

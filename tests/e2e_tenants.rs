@@ -14,23 +14,9 @@ mod common;
 
 use std::time::Duration;
 
+use common::tenant::*;
 use common::*;
-use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::rbac::v1::RoleBinding;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use sample_controller::constants::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
-use sample_controller::{Foo, FooSpec};
-use serde_json::json;
 
-/// Foos, each with about [`FINALIZER_BYTES`] of finalizer names.
-const HOSTILE_FOOS: usize = 150;
-const FINALIZER_BYTES: usize = 1 << 20;
-/// Deployments with [`ANNOTATION_BYTES`] of annotations each, half of them
-/// labelled as ours (so the operator's watch sees them), half not (so the
-/// adoption pass lists them).
-const HOSTILE_DEPLOYMENTS: usize = 300;
-/// The API server's limit on all of an object's annotations is 256 KiB.
-const ANNOTATION_BYTES: usize = 250 * 1024;
 /// How much higher a replica's peak may be than without those objects
 /// (about 225 MiB of content in all): the objects as cached (150 Foos and
 /// 450 Deployments, a few hundred bytes each), the buffers that grow to the
@@ -40,12 +26,6 @@ const ANNOTATION_BYTES: usize = 250 * 1024;
 /// Measured: the leader +16.0 to +16.4 MiB, the standby +6.5; before the
 /// caches and the adoption pass read only what they keep, +321 and +264.
 const MARGIN_MIB: f64 = 20.0;
-/// Objects the tenant creates at once.
-const CONCURRENCY: usize = 8;
-/// A Foo's sync may wait for a worker behind the tenant's Foos, each of
-/// whose status writes the API server takes a second or more over.
-const CONVERGED_WITHIN: Duration = Duration::from_secs(180);
-
 /// The most memory `op` has held since it started (VmHWM), in MiB.
 fn peak_mib(op: &Operator) -> f64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", op.child.id())).expect("the operator's status");
@@ -55,87 +35,6 @@ fn peak_mib(op: &Operator) -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .expect("VmHWM in /proc/PID/status");
     kib / 1024.0
-}
-
-/// A client acting as `user`, authenticated, with no group of note.
-async fn user_client(user: &str) -> kube::Client {
-    let mut cfg = config().await;
-    cfg.auth_info.impersonate = Some(user.into());
-    cfg.auth_info.impersonate_groups = Some(vec!["system:authenticated".into()]);
-    kube::Client::try_from(cfg).expect("client")
-}
-
-/// The user `tenant-<ns>`, given `edit` in `ns` alone, and a client as it.
-async fn tenant_of(ns: &TestNamespace) -> kube::Client {
-    kubectl_ok(&["apply", "-f", "deploy/10-foo-roles.yaml"]);
-    let user = format!("tenant-{}", ns.name);
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": { "name": "tenant-edit" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit" },
-        "subjects": [{ "apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user }],
-    }))
-    .unwrap();
-    ns.api::<RoleBinding>().create(&PostParams::default(), &binding).await.expect("bind edit");
-    user_client(&user).await
-}
-
-/// A Foo whose finalizers take about [`FINALIZER_BYTES`], in names as long
-/// as the API server takes (a 253-character domain, a 63-character name):
-/// the fewer entries, the less work for the API server, the same bytes.
-fn finalized_foo(i: usize) -> Foo {
-    let mut foo = Foo::new(&format!("hoard-{i}"), FooSpec { deployment_name: format!("hoard-{i}"), replicas: Some(1) });
-    let domain = ["a", "b", "c"].map(|l| l.repeat(63)).join(".") + "." + &"d".repeat(61);
-    let finalizer = |n: usize| format!("{domain}/{}{n:06}", "f".repeat(57));
-    let count = FINALIZER_BYTES / finalizer(0).len();
-    foo.metadata.finalizers = Some((0..count).map(finalizer).collect());
-    foo
-}
-
-/// A Deployment of no one's, with [`ANNOTATION_BYTES`] of annotations, and
-/// our managed-by label if `labelled`.
-fn annotated_deployment(i: usize, labelled: bool) -> Deployment {
-    let labels = if labelled { json!({ LABEL_MANAGED_BY: LABEL_MANAGED_BY_VALUE }) } else { json!({}) };
-    let pods = json!({ "app": format!("bulk-{i}") });
-    serde_json::from_value(json!({
-        "metadata": {
-            "name": format!("bulk-{i}"),
-            "labels": labels,
-            "annotations": { "tenant.example.com/notes": "n".repeat(ANNOTATION_BYTES) },
-        },
-        "spec": {
-            "replicas": 0,
-            "selector": { "matchLabels": pods },
-            "template": {
-                "metadata": { "labels": pods },
-                "spec": { "containers": [{ "name": "app", "image": "nginx:latest" }] },
-            },
-        },
-    }))
-    .unwrap()
-}
-
-/// As the tenant: the Foos and the Deployments, [`CONCURRENCY`] at a time.
-async fn hoard(tenant: kube::Client, ns: &str) {
-    use futures::StreamExt;
-    let (foos, deployments): (Api<Foo>, Api<Deployment>) =
-        (Api::namespaced(tenant.clone(), ns), Api::namespaced(tenant, ns));
-    let pp = PostParams::default();
-    futures::stream::iter(0..HOSTILE_FOOS)
-        .map(|i| {
-            let (foos, pp) = (&foos, &pp);
-            async move { foos.create(pp, &finalized_foo(i)).await.map(drop) }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .for_each(|r| async { r.expect("the tenant may create a Foo") })
-        .await;
-    futures::stream::iter(0..HOSTILE_DEPLOYMENTS)
-        .map(|i| {
-            let (deployments, pp) = (&deployments, &pp);
-            async move { deployments.create(pp, &annotated_deployment(i, i % 2 == 0)).await.map(drop) }
-        })
-        .buffer_unordered(CONCURRENCY)
-        .for_each(|r| async { r.expect("the tenant may create a Deployment") })
-        .await;
 }
 
 /// Two replicas watching every namespace with streaming lists, as deploy/
@@ -180,52 +79,6 @@ async fn two_replicas_and_a_takeover(
     signal(&new_leader, "-TERM");
     exited_within(&mut new_leader, Duration::from_secs(10), "the new leader to hand over and exit").await;
     [leader_peak, standby_peak]
-}
-
-/// A new Foo in `control` gets its Deployment and its status for its
-/// generation: the operator did its part (its pods are the plane's, slow
-/// while it runs the tenant's too).
-async fn converges(control: &TestNamespace, name: &str) {
-    let foos = control.api::<Foo>();
-    create_foo(&foos, name, name, Some(1)).await;
-    wait_until(&format!("Foo {name} to converge"), CONVERGED_WITHIN, || async {
-        let foo = foos.get(name).await.ok()?;
-        let synced = foo.status?.observed_generation == foo.metadata.generation;
-        (synced && deployment(control, name).await.is_some()).then_some(())
-    })
-    .await;
-}
-
-/// The tenant's namespace: when dropped, whichever way the test ends, its
-/// Foos' finalizers are taken off and it is deleted, so that it goes.
-struct TenantNamespace(TestNamespace);
-
-impl Drop for TenantNamespace {
-    fn drop(&mut self) {
-        let (ns, kubeconfig) = (&self.0.name, kubeconfig_path());
-        let unfinalize = r#"{"metadata":{"finalizers":null}}"#;
-        let script = format!(
-            "kubectl --kubeconfig {kubeconfig} -n {ns} get foos -o name | \
-             xargs -r -n1 kubectl --kubeconfig {kubeconfig} -n {ns} patch --type=merge -p '{unfinalize}'"
-        );
-        let _ = std::process::Command::new("sh").args(["-c", &script]).status();
-    }
-}
-
-/// Take the tenant's finalizers off and wait until its namespace is gone,
-/// so that later tests' operators do not cache what it left.
-async fn remove(tenant_ns: TenantNamespace) {
-    let admin = admin_client().await;
-    let foos: Api<Foo> = Api::namespaced(admin.clone(), &tenant_ns.0.name);
-    let unfinalize = json!({ "metadata": { "finalizers": null } });
-    for foo in foos.list_metadata(&ListParams::default()).await.expect("list Foos").items {
-        let name = foo.metadata.name.unwrap_or_default();
-        foos.patch(&name, &PatchParams::default(), &Patch::Merge(&unfinalize)).await.expect("remove finalizers");
-    }
-    let name = tenant_ns.0.name.clone();
-    drop(tenant_ns);
-    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin);
-    wait_for(&namespaces, &name, "the tenant's namespace to be gone", GC_TIMEOUT, |ns: Option<&_>| ns.is_none()).await;
 }
 
 #[tokio::test]

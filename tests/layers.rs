@@ -19,7 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["events", "adoption", "cache", "tls", "metrics_auth"],
     &["leader", "decision"],
     &["client", "watch", "deployment"],
-    &["metrics", "retry", "telemetry", "error"],
+    &["metrics", "retry", "telemetry", "error", "wire"],
     &["foo", "leader_fence", "shard", "workqueue", "process"],
     &["constants"],
 ];

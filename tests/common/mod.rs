@@ -4,8 +4,9 @@
 //! (programs the tests start), [`deployed`] (deploy/ installed, its pods and
 //! their tokens), [`endpoints`] (one HTTP client for their endpoints),
 //! [`audit`] (the API server's audit log), [`fault_proxy`] (faults
-//! injected between the operator and the API server) and [`held_relay`]
-//! (its requests held in flight).
+//! injected between the operator and the API server), [`held_relay`]
+//! (its requests held in flight) and [`tenant`] (a tenant filling what it
+//! writes to the API server's limits).
 #![allow(dead_code, unused_imports)] // each test binary uses its own subset
 
 pub mod audit;
@@ -16,6 +17,7 @@ pub mod fault_proxy;
 pub mod held_relay;
 pub mod in_process;
 pub mod process;
+pub mod tenant;
 
 pub use audit::*;
 pub use cluster::*;
