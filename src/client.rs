@@ -108,23 +108,37 @@ pub fn patch_params() -> PatchParams {
     PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
 }
 
-/// Send `request` and decode its response as it streams in: serde reads the
-/// body on a blocking thread through a synchronous bridge, so no copy of it
-/// is held whole (kube's own calls hold it twice, as bytes and as text,
-/// beside the decoded object). With a `T` that skips what it does not need
-/// ([`crate::wire`]), a response's size costs no memory.
+/// Send `request` and decode its response without ever holding a large one
+/// whole (kube's own calls hold it twice, as bytes and as text, beside the
+/// decoded object): up to [`IN_PLACE`] bytes are read and decoded here; a
+/// longer body is decoded as it streams in, by serde on a blocking thread
+/// through a synchronous bridge. With a `T` that skips what it does not
+/// need ([`crate::wire`]), a response's size costs no memory, and the
+/// common small response costs no thread.
 pub async fn send_streamed<T>(client: &Client, request: http::Request<Vec<u8>>) -> kube::Result<T>
 where
     T: serde::de::DeserializeOwned + Send + 'static,
 {
+    use futures::AsyncReadExt;
     use tokio_util::compat::FuturesAsyncReadCompatExt;
-    let body = client.request_stream(request).await?;
-    let reader = tokio_util::io::SyncIoBridge::new(Box::pin(body).compat());
+    let mut body = Box::pin(client.request_stream(request).await?);
+    let mut start = Vec::new();
+    let read = (&mut body).take(IN_PLACE).read_to_end(&mut start).await.map_err(kube::Error::ReadEvents)?;
+    if (read as u64) < IN_PLACE {
+        return serde_json::from_slice(&start).map_err(kube::Error::SerdeError);
+    }
+    let rest = futures::io::Cursor::new(start).chain(body);
+    let reader = tokio_util::io::SyncIoBridge::new(Box::pin(rest).compat());
     tokio::task::spawn_blocking(move || serde_json::from_reader(std::io::BufReader::new(reader)))
         .await
         .map_err(|e| kube::Error::Service(e.into()))?
         .map_err(kube::Error::SerdeError)
 }
+
+/// The longest response [`send_streamed`] decodes in place: a Foo's status
+/// write answers with a few kilobytes, a page of 500 Deployments' metadata
+/// with a megabyte or more.
+const IN_PLACE: u64 = 64 * 1024;
 
 /// A server-side apply's parameters: our field manager, taking over the
 /// fields it applies from any other manager (a controller's own fields, as
@@ -242,6 +256,30 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     const OK: &str = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\nok";
+
+    #[tokio::test]
+    async fn a_response_is_decoded_whole_whether_short_or_longer_than_decoded_in_place() {
+        let (service, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+        let client = Client::new(service, "default");
+        let long = "y".repeat(IN_PLACE as usize * 3);
+        let server = tokio::spawn(async move {
+            for (n, pad) in [(1, String::new()), (2, long)] {
+                let (_, reply) = handle.next_request().await.expect("a request");
+                let body = serde_json::to_vec(&serde_json::json!({ "pad": pad, "n": n })).unwrap();
+                reply.send_response(Response::new(Body::from(body)));
+            }
+        });
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            n: u32,
+        }
+        for want in [1, 2] {
+            let request = Request::get("/answer").body(Vec::new()).unwrap();
+            let answer: Answer = send_streamed(&client, request).await.expect("decoded");
+            assert_eq!(answer.n, want, "the field after the padding");
+        }
+        server.await.unwrap();
+    }
 
     /// An HTTP server on loopback giving `answers` in turn, one connection
     /// each; hands back the request heads it read.
