@@ -249,12 +249,17 @@ async fn the_operators_service_account_may_delete_a_deployment_a_foo_controls() 
     confined.operator.delete(&d.name_any(), &dp).await.expect("the operator deletes its Foo's Deployment");
 }
 
+/// A merge patch giving a Deployment's pod another image.
+fn another_template() -> serde_json::Value {
+    json!({ "spec": { "template": { "spec": {
+        "containers": [{ "name": "nginx", "image": "registry.example.com/not-nginx:1" }] } } } })
+}
+
 #[tokio::test]
 async fn the_operators_service_account_may_not_change_the_pod_template_of_a_deployment_a_foo_controls() {
     let confined = Confined::new("confined-template").await;
     let d = confined.owned().await;
-    let template = json!({ "spec": { "template": { "spec": {
-        "containers": [{ "name": "nginx", "image": "registry.example.com/not-nginx:1" }] } } } });
+    let template = another_template();
     let patched = confined.operator.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&template)).await;
     assert_refused(&patched, "may only change a Deployment's metadata.labels and spec.replicas, not spec.template");
     // Nor its ownerReferences, even along with a change it may make.
@@ -347,8 +352,7 @@ async fn the_operators_service_account_may_not_create_a_foo_deployment_with_host
 async fn other_users_writes_to_deployments_are_not_confined() {
     let confined = Confined::new("confined-others").await;
     let d = confined.owned().await;
-    let template = json!({ "spec": { "template": { "spec": {
-        "containers": [{ "name": "nginx", "image": "registry.example.com/not-nginx:1" }] } } } });
+    let template = another_template();
     let admin: Api<Deployment> = confined.ns.api();
     admin.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&template)).await.expect("an admin's patch");
     admin.create(&PostParams::default(), &unowned("theirs")).await.expect("an admin's create");
