@@ -223,8 +223,13 @@ async fn list_page(api: &Api<Deployment>, continue_token: Option<String>) -> kub
 struct ListedPage {
     #[serde(default)]
     metadata: ListMeta,
-    #[serde(default)]
+    // An empty list's items come as `null` (Go's nil slice), not `[]`.
+    #[serde(default, deserialize_with = "null_as_empty")]
     items: Vec<Listed>,
+}
+
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Listed>, D::Error> {
+    Ok(Option::deserialize(d)?.unwrap_or_default())
 }
 
 /// What the pass reads of a listed Deployment: serde skips the rest
@@ -458,5 +463,18 @@ mod tests {
         assert_eq!(page.metadata.continue_.as_deref(), Some("next"));
         let names: Vec<_> = page.items.iter().map(|d| d.as_meta().name_any()).collect();
         assert_eq!(names, ["a", "b"]);
+    }
+
+    #[test]
+    fn an_empty_page_is_read_with_its_items_null() {
+        let page: ListedPage = serde_json::from_value(serde_json::json!({
+            "kind": "PartialObjectMetadataList",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": { "resourceVersion": "9" },
+            "items": null,
+        }))
+        .unwrap();
+        assert!(page.items.is_empty());
+        assert_eq!(page.metadata.continue_, None);
     }
 }

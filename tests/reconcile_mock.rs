@@ -555,7 +555,7 @@ async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
     let fence = Arc::new(Fence::holding_for(Duration::from_millis(200)));
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence).await;
     let list =
-        json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": [] });
+        json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": null });
     // The adoption pass's list is a read, and reads are harmless.
     let scenario = vec![expect(Method::GET, DEPLOYMENTS).reply(StatusCode::OK, list).after(Duration::from_millis(400))];
     let err = mock.sync(&foo, scenario).await.unwrap_err();
@@ -572,7 +572,7 @@ async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until
     let fence = Arc::new(Fence::holding_for(Duration::from_secs(10)));
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence.clone()).await;
     let list =
-        json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": [] });
+        json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": null });
     let denied = status(
         StatusCode::FORBIDDEN,
         "Forbidden",
