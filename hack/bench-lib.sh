@@ -70,6 +70,18 @@ free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",
 
 # Arithmetic on fractional numbers (bash has integers only), by awk:
 # calc FORMAT EXPRESSION, e.g. calc %.2f "3 / 2".
+sync_quantile() { # metrics-url q: the bucket bound the q-quantile of the syncs' times falls under, "<= X s (of N syncs)"
+  curl -fs "$1" | python3 -c '
+import re, sys
+q, buckets = float(sys.argv[1]), []
+for line in sys.stdin:
+    m = re.match(r"controller_runtime_reconcile_time_seconds_bucket\{.*le=\"([^\"]+)\".*\} (\S+)", line)
+    if m:
+        buckets.append((float(m[1]), float(m[2])))
+total = buckets[-1][1]
+bound = next(le for le, n in buckets if n >= q * total)
+print(f"<= {bound:g} s (of {total:.0f} syncs)")' "$2"
+}
 calc() { awk "BEGIN { printf \"$1\n\", $2 }"; }
 elapsed() { calc %.2f "$2 - $1"; } # from to: seconds between, to 10 ms
 least() { printf '%s\n' "$@" | sort -g | head -n 1; }   # numbers...

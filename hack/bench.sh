@@ -96,6 +96,7 @@ controller_run() { # run; leaves the controller running in namespace $ns
   "$BIN" --namespace "$ns" "${workers_flag[@]}" --metrics-bind-address 127.0.0.1:0 --metrics-secure=false --health-probe-bind-address 0 \
     > ".local/bench-controller-$1.log" 2>&1 &
   pid=$!
+  controller_log=".local/bench-controller-$1.log"
   read -r start converged < <(audit wait-converged "$UA" "$ns" "$N" 1800)
   record ours "$(elapsed "$start" "$converged")"
   audit curve "$UA" "$ns" > ".local/bench-curve-$ns.txt"
@@ -250,6 +251,11 @@ PY
   rss_foreign+=("$n:$(rss "$pid")")
 done
 peak=$(hwm "$pid")
+# Every sync of the run: the first syncs, the edits' (the histogram's
+# buckets are controller-runtime's, 5 ms to 60 s).
+metrics_url="http://$(sed -n 's/.*serving HTTP addr=\([^ ]*\) endpoints=\/metrics.*/\1/p' "$controller_log" | head -n1)/metrics"
+sync_p999=$(sync_quantile "$metrics_url" 0.999)
+sync_p99=$(sync_quantile "$metrics_url" 0.99)
 stop_controller
 
 curves() { local prefix=$1 run files=(); for run in $(seq 1 "$RUNS"); do files+=(".local/bench-curve-$prefix-$run.txt"); done; (IFS=,; echo "${files[*]}"); }
@@ -291,6 +297,7 @@ reopened=$(printf '%s\n' "${steady[@]:1}" | awk '$2 == "watch" { n += $1 } END {
 printf '%-58s %s\n' "requests in the steady window (${WINDOW}s)" "${steady[0]}  ($(calc %.1f "${steady[0]} * 60 / $WINDOW") per minute; $((steady[0] - reopened)) besides $reopened watches re-opened)"
 (( ${#steady[@]} > 1 )) && printf '    %s\n' "${steady[@]:1}"
 printf '%-58s %s\n' "Foo spec.replicas edit -> Deployment updated" "${latency#*: }"
+printf '%-58s %s\n' "a sync's time: p99 / p99.9 (histogram bucket bounds)" "$sync_p99 / $sync_p999"
 printf '%-58s %s\n' "requests for $EDITS edits" "${edit_requests[0]}  ($(per_foo "${edit_requests[0]}" "$EDITS") per edit)"
 printf '%-58s %s\n' "RSS after convergence" "$rss_converged MiB  (peak while converging $peak_converging MiB; empty process $rss_empty MiB: $(calc %.2f "($rss_converged - $rss_empty) * 1024 / $N") KiB per Foo above it)"
 for mode in paged streaming; do
