@@ -41,7 +41,7 @@ log "building the release binary for $host (image platform linux/$ARCH), glibc l
 # --target keeps these flags off the host's build scripts and proc macros,
 # and the output apart from the usual target/release.
 # The commit goes into the binary too: sample_controller_build_info's
-# revision label (src/constants.rs).
+# revision label (src/observe/metrics.rs, REVISION).
 SAMPLE_CONTROLLER_REVISION="$REVISION" RUSTFLAGS="-C target-feature=+crt-static" \
   cargo build --release --locked --quiet --target "$host" --bin sample-controller >&2
 binary="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/$host/release/sample-controller"

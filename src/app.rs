@@ -12,27 +12,27 @@ use kube::{Client, ResourceExt};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
-use crate::adoption::{Adoption, CachedFoo};
-use crate::backlog::Backlog;
+use crate::api::foo::Foo;
 use crate::cache::Caches;
-use crate::check;
-use crate::cli::{Cli, Command};
 use crate::client::{self, ConfigError};
+use crate::controller::backlog::Backlog;
 use crate::controller::{self, Settings};
-use crate::foo::Foo;
-use crate::http::{self, BindError, Readiness};
 use crate::leader::{self, Elector, Fence, LeaderConfig, check_timing, default_identity};
-use crate::metrics::Metrics;
-use crate::metrics_auth::MetricsAuth;
-use crate::sync::Context;
-use crate::tls::{self, TlsError};
-use crate::watchdog;
+use crate::observe::metrics::Metrics;
+use crate::ops::check;
+use crate::ops::cli::{Cli, Command};
+use crate::ops::watchdog;
+use crate::reconcile::adoption::{Adoption, CachedFoo};
+use crate::reconcile::sync::Context;
+use crate::serve::http::{self, BindError, Readiness};
+use crate::serve::metrics_auth::MetricsAuth;
+use crate::serve::tls::{self, TlsError};
 
 /// How long a graceful shutdown waits for queued Events to be sent.
 const EVENT_FLUSH_GRACE: Duration = Duration::from_secs(5);
 
 /// Why the process ends with a failure: it could not start, or it stopped
-/// leading. (A sync's failures are [`crate::error::SyncError`]s, retried.)
+/// leading. (A sync's failures are [`crate::reconcile::error::SyncError`]s, retried.)
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
@@ -247,7 +247,7 @@ pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<A
 struct Parts {
     client: Client,
     caches: Caches,
-    /// Where the first syncs wait ([`crate::backlog`]).
+    /// Where the first syncs wait ([`crate::controller::backlog`]).
     backlog: Arc<Backlog>,
     adoption: Arc<Adoption>,
     metrics: Arc<Metrics>,

@@ -1,57 +1,35 @@
 //! kubernetes/sample-controller in Rust: a `Foo` custom resource that owns an
 //! nginx Deployment.
 //!
-//! A module per concept, in layers: a module uses only those below it
-//! (docs/design.md draws them; `tests/layers.rs` checks it).
-//! - the process: [`app`] puts together [`cli`] and [`go_flags`] (the
-//!   command line), [`check`] (the preflight, `sample-controller check`), [`telemetry`] (logs), [`http`] and [`tls`] (endpoints);
-//! - the controller: [`controller`] turns watches into syncs, [`sync`]
-//!   carries one out and retries it, [`watchdog`] says when Foos stop
-//!   converging, [`events`] publishes its Events,
-//!   [`cache`] keeps what the watches ([`watch`]) saw, [`backlog`] paces
-//!   the first syncs so that changes overtake them, [`adoption`] takes
-//!   over what upstream's controller made, [`leader`] elects the one replica
-//!   that writes and names it in its [`leader_fence`] for the API server;
-//! - the pure core: [`decision`] what a sync does, [`deployment`] the
-//!   Deployment a Foo asks for, [`foo`] the API type, [`wire`] objects as
-//!   the caches decode them, [`shard`] which Foos
-//!   an instance owns, [`error`] how a sync fails, [`retry`] when to try
-//!   again;
-//! - the plumbing: [`client`], [`metrics`] (with [`workqueue`] and
-//!   [`process`]), [`metrics_auth`], [`constants`].
+//! A folder per concept, in layers: a folder uses only those below it
+//! (docs/design.md draws them; `tests/layers.rs` checks it). Top down:
+//! - [`app`]: the process, which puts everything together;
+//! - [`ops`]: the operator's own tools (command line, preflight, watchdog);
+//! - [`controller`]: watches turned into syncs, and the backlog that paces
+//!   the first ones;
+//! - [`reconcile`]: one sync of a Foo: the decision, its writes, its Events;
+//! - [`cache`]: what the watches saw, and our own writes they have not yet;
+//! - [`api`]: the Foo, the Deployment it owns, their names and labels.
+//!
+//! Below the Foo, machinery any controller could use, which never imports
+//! it:
+//! - [`leader`]: leader election on a Lease, and the API server's fence;
+//! - [`serve`]: the metrics and probe endpoints, TLS, who may read them;
+//! - [`client`]: the Kubernetes client, its retries, the paced watches;
+//! - [`observe`]: metrics and logs.
 
-pub mod adoption;
+pub mod api;
 pub mod app;
-pub mod backlog;
 pub mod cache;
-pub mod check;
-pub mod cli;
 pub mod client;
-pub mod constants;
 pub mod controller;
-pub mod decision;
-pub mod deployment;
-pub mod error;
-pub mod events;
-pub mod foo;
-pub mod go_flags;
-pub mod http;
 pub mod leader;
-pub mod leader_fence;
-pub mod metrics;
-pub mod metrics_auth;
-pub mod process;
-pub mod retry;
-pub mod shard;
-pub mod sync;
-pub mod telemetry;
-pub mod tls;
-pub mod watch;
-pub mod watchdog;
-pub mod wire;
-pub mod workqueue;
+pub mod observe;
+pub mod ops;
+pub mod reconcile;
+pub mod serve;
 
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod testing;
 
-pub use foo::{Foo, FooSpec, FooStatus};
+pub use api::foo::{Foo, FooSpec, FooStatus};

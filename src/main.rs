@@ -3,9 +3,10 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sample_controller::cli::Cli;
-use sample_controller::go_flags::from_go_style;
-use sample_controller::{app, telemetry};
+use sample_controller::app;
+use sample_controller::observe::telemetry;
+use sample_controller::ops::cli::Cli;
+use sample_controller::ops::go_flags::from_go_style;
 
 /// jemalloc, for memory that stays flat: see Cargo.toml.
 #[global_allocator]

@@ -14,9 +14,9 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::deployment::{DeploymentView, desired_deployment};
-use crate::foo::{Foo, FooSpec};
-use crate::shard::UNSHARDED;
+use crate::api::deployment::{DeploymentView, desired_deployment};
+use crate::api::foo::{Foo, FooSpec};
+use crate::api::shard::UNSHARDED;
 
 /// Builders of Foos.
 pub trait FooFixture: Sized {

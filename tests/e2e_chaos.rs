@@ -23,12 +23,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
-use sample_controller::constants::{FENCE_POLICY, POD_NAME_ENV, USER_AGENT};
-use sample_controller::decision::{DeploymentAction, decide};
-use sample_controller::deployment::DeploymentView;
-use sample_controller::leader_fence::LeaderFence;
-use sample_controller::shard::UNSHARDED;
-use sample_controller::watchdog::PERIOD;
+use sample_controller::api::constants::FENCE_POLICY;
+use sample_controller::api::deployment::DeploymentView;
+use sample_controller::api::shard::UNSHARDED;
+use sample_controller::client::USER_AGENT;
+use sample_controller::leader::POD_NAME_ENV;
+use sample_controller::leader::leader_fence::LeaderFence;
+use sample_controller::ops::watchdog::PERIOD;
+use sample_controller::reconcile::decision::{DeploymentAction, decide};
 use serde_json::json;
 
 /// One scenario at a time: they stop the plane everyone uses. (Under

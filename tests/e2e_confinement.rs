@@ -18,11 +18,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use sample_controller::Foo;
-use sample_controller::constants::{CONTAINER_IMAGE, LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
-use sample_controller::decision::DeploymentPatch;
-use sample_controller::deployment::desired_deployment;
-use sample_controller::leader_fence::{LeaderFence, LeaderFenceSpec};
-use sample_controller::shard::UNSHARDED;
+use sample_controller::api::constants::{CONTAINER_IMAGE, LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
+use sample_controller::api::deployment::desired_deployment;
+use sample_controller::api::shard::UNSHARDED;
+use sample_controller::leader::leader_fence::{LeaderFence, LeaderFenceSpec};
+use sample_controller::reconcile::decision::DeploymentPatch;
 use serde_json::json;
 
 /// The policy's name, which the API server puts in each of its refusals.
@@ -165,7 +165,7 @@ fn assert_refused<T: std::fmt::Debug>(result: &kube::Result<T>, reason: &str) {
     assert!(is_confinement_refusal(result, reason), "expected a 403 of {POLICY} saying {reason:?}, got {result:?}");
 }
 
-/// The merge patch a sync makes (src/decision.rs), conditional on `d` as
+/// The merge patch a sync makes (src/reconcile/decision.rs), conditional on `d` as
 /// read.
 fn operator_patch(
     d: &Deployment,
@@ -241,7 +241,7 @@ async fn the_operators_service_account_may_delete_a_deployment_a_foo_controls() 
     let confined = Confined::new("confined-delete").await;
     let d = confined.owned().await;
     // As a sync deletes a Foo's Deployment under a former name
-    // (src/sync.rs): in the background, only this very object.
+    // (src/reconcile/sync.rs): in the background, only this very object.
     let dp = DeleteParams {
         preconditions: Some(Preconditions { uid: d.uid(), resource_version: None }),
         ..DeleteParams::background()
@@ -363,7 +363,7 @@ async fn other_users_writes_to_deployments_are_not_confined() {
 async fn the_leader_fence_still_refuses_the_operators_own_writes_from_a_pod_that_does_not_hold_the_lease() {
     let confined = Confined::new("confined-fence").await;
     let standby: Api<Deployment> = Api::namespaced(operator_in(STANDBY_POD).await, &confined.ns.name);
-    let fence = format!("ValidatingAdmissionPolicy '{}'", sample_controller::constants::FENCE_POLICY);
+    let fence = format!("ValidatingAdmissionPolicy '{}'", sample_controller::api::constants::FENCE_POLICY);
     let by_the_fence = |what: &str, result: kube::Result<Deployment>| match result {
         Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(&fence) => {}
         other => panic!("{what} from the standby's pod: expected the fence's refusal, got {other:?}"),

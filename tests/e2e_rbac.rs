@@ -20,13 +20,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
-use sample_controller::constants::LABEL_MANAGED_BY;
-use sample_controller::deployment::desired_deployment;
-use sample_controller::error::{ApiAction, SyncError};
+use sample_controller::api::constants::LABEL_MANAGED_BY;
+use sample_controller::api::deployment::desired_deployment;
+use sample_controller::api::shard::UNSHARDED;
+use sample_controller::leader::leader_fence::LeaderFence;
 use sample_controller::leader::{Elector, LeaderConfig};
-use sample_controller::leader_fence::LeaderFence;
-use sample_controller::metrics_auth::{Access, MetricsAuth};
-use sample_controller::shard::UNSHARDED;
+use sample_controller::reconcile::error::{ApiAction, SyncError};
+use sample_controller::serve::metrics_auth::{Access, MetricsAuth};
 use sample_controller::{Foo, FooSpec};
 use serde_json::{Value, json};
 
@@ -410,7 +410,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // Watching all namespaces with the default workers, as deployed. It
     // also meets every Foo the suites before it left in namespaces still
     // being deleted (hundreds, after the chaos suite), so its waits are long.
-    let workers = sample_controller::cli::DEFAULT_WORKERS;
+    let workers = sample_controller::ops::cli::DEFAULT_WORKERS;
     let controller = start_controller_with(service_account_config(NS, &account.name).await, None, workers);
     let ns = TestNamespace::new("rbac").await;
     let foos: Api<Foo> = ns.api();
@@ -679,7 +679,7 @@ fn fence_event(ns: &TestNamespace, tag: &str) -> Event {
 }
 
 /// The Deployment of Foo `fenced`, as the operator builds it
-/// (src/deployment.rs), with no pods.
+/// (src/api/deployment.rs), with no pods.
 async fn fenced_deployment(ns: &TestNamespace) -> Deployment {
     let foo: Foo = ns.api().get(FENCED).await.expect("Foo fenced");
     let mut deployment = desired_deployment(&foo, UNSHARDED).expect("the Deployment of Foo fenced");

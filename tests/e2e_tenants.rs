@@ -3,7 +3,7 @@
 //! deploy/10-foo-roles.yaml extends to Foos) fills Foos with finalizers and
 //! Deployments with annotations, as much as the API server takes. The
 //! caches keep only what a sync reads of each object, and the adoption pass
-//! decodes its list as it streams in (src/cache.rs, src/adoption.rs), so
+//! decodes its list as it streams in (src/cache/mod.rs, src/reconcile/adoption.rs), so
 //! two replicas watching every namespace hold no more at their peak than
 //! without those objects, and the takeover between them completes.
 //!

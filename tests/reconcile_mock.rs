@@ -16,16 +16,16 @@ use kube::core::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use sample_controller::Foo;
-use sample_controller::adoption::Adoption;
+use sample_controller::api::deployment::{DeploymentView, desired_deployment};
+use sample_controller::api::shard::{Shard, UNSHARDED};
 use sample_controller::app::start_adoption;
-use sample_controller::decision::decide;
-use sample_controller::deployment::{DeploymentView, desired_deployment};
-use sample_controller::error::{ApiAction, SyncError as Error};
-use sample_controller::events::Publisher;
 use sample_controller::leader::Fence;
-use sample_controller::metrics::Metrics;
-use sample_controller::shard::{Shard, UNSHARDED};
-use sample_controller::sync::{Context, error_policy, reconcile};
+use sample_controller::observe::metrics::Metrics;
+use sample_controller::reconcile::adoption::Adoption;
+use sample_controller::reconcile::decision::decide;
+use sample_controller::reconcile::error::{ApiAction, SyncError as Error};
+use sample_controller::reconcile::events::Publisher;
+use sample_controller::reconcile::sync::{Context, error_policy, reconcile};
 use sample_controller::testing::{DeploymentFixture, FooFixture, metric_value};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
@@ -550,7 +550,7 @@ async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
     // The fence holds when the sync starts and lapses while it waits for the
     // API server (as a leader paused mid-sync finds on resuming): no write
     // follows — not the create, not the status (its queued events:
-    // src/events.rs).
+    // src/reconcile/events.rs).
     let foo = example_foo(1);
     let fence = Arc::new(Fence::holding_for(Duration::from_millis(200)));
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence).await;

@@ -8,7 +8,7 @@ use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 
 use super::by_name;
-use crate::deployment::controller_of;
+use crate::api::deployment::controller_of;
 
 /// The uid of `obj`'s controller, if it has one.
 pub(super) fn controller_uid<K: Resource>(obj: &K) -> Option<&str> {

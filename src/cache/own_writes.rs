@@ -77,7 +77,7 @@ impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::foo::Foo;
+    use crate::api::foo::Foo;
     use crate::testing::{DeploymentFixture, FooFixture};
     use k8s_openapi::api::apps::v1::Deployment;
 

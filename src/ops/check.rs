@@ -22,9 +22,9 @@ use kube::api::{Api, PostParams, WatchEvent, WatchParams};
 use kube::{Client, CustomResourceExt, Resource};
 use serde_json::Value;
 
-use crate::constants::FENCE_POLICY;
-use crate::foo::Foo;
-use crate::leader_fence::LeaderFence;
+use crate::api::constants::FENCE_POLICY;
+use crate::api::foo::Foo;
+use crate::leader::leader_fence::LeaderFence;
 
 /// The Kubernetes minors this release supports (docs/install.md, "Supported
 /// Kubernetes versions").

@@ -2,7 +2,7 @@
 //! own failures (flags, credentials, listeners, a lost Lease) are another
 //! type, [`crate::app::Error`], as they never reach a sync's retry.
 
-use crate::constants::FENCE_POLICY;
+use crate::api::constants::FENCE_POLICY;
 
 /// A failed sync: logged and retried by the sync's error policy.
 #[derive(Debug, thiserror::Error)]

@@ -11,7 +11,7 @@
 //!   no size bound but the API server's object limit), so what is cached is
 //!   bounded by the number of objects, not by what users write in them.
 //!   Most of it is never even built: the watches decode Foos as
-//!   [`crate::wire::FooWire`] and Deployments as a [`DeploymentView`], whose
+//!   [`crate::api::wire::FooWire`] and Deployments as a [`DeploymentView`], whose
 //!   metadata skips what no sync reads and whose pod template is not there;
 //! - **our own writes are seen at once** ([`Cache::wrote`]). A watch delivers
 //!   our write a few milliseconds after the API server acknowledged it; a sync
@@ -47,9 +47,9 @@ use kube::runtime::{WatchStreamExt, reflector::reflector};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::deployment::DeploymentView;
-use crate::foo::Foo;
-use crate::shard::Shard;
+use crate::api::deployment::DeploymentView;
+use crate::api::foo::Foo;
+use crate::api::shard::Shard;
 use index::{ByController, controller_uid};
 use own_writes::OwnWrites;
 
@@ -207,7 +207,7 @@ pub fn trim_deployment(shard: &Shard) -> impl Fn(&mut DeploymentView) + Send + S
     move |d| {
         trim_metadata(d);
         // A sync reads a Deployment's owner by its controller reference only.
-        let controller = crate::deployment::controller_of(&*d).cloned();
+        let controller = crate::api::deployment::controller_of(&*d).cloned();
         d.metadata.owner_references = controller.map(|owner| vec![owner]);
         d.managed = d.is_managed();
         // Once: a view trimmed before has its labels in `shard_labels` already.
@@ -345,7 +345,7 @@ mod tests {
         // Decoded from the API server's JSON, as the watch does.
         let mut d: DeploymentView = serde_json::from_value(serde_json::to_value(&full).unwrap()).unwrap();
         trim_deployment(&Shard::all())(&mut d);
-        assert!(crate::deployment::is_controlled_by(&d, &f));
+        assert!(crate::api::deployment::is_controlled_by(&d, &f));
         assert_eq!((d.spec_replicas(), d.available_replicas()), (2, 1));
         assert_eq!(d.resource_version().as_deref(), Some("200"));
         assert!(d.metadata.annotations.is_none() && d.metadata.labels.is_none());

@@ -14,6 +14,9 @@
 //! (5 ms doubling to 1000 s, 15 tries), so after a minute of refusals it
 //! waited tens of seconds more than the server asked for.
 
+pub mod retry;
+pub mod watch;
+
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -31,9 +34,17 @@ use tower::buffer::BufferLayer;
 use tower::retry::{Policy, RetryLayer};
 use tower::{BoxError, Layer, Service};
 
-use crate::constants::{FIELD_MANAGER, USER_AGENT};
-use crate::metrics::RestLabels;
-use crate::retry::with_jitter;
+use crate::client::retry::with_jitter;
+use crate::observe::metrics::RestLabels;
+
+/// Field manager for every write (create, patch, status). Upstream uses the
+/// same name, so managedFields name the same manager after swapping the
+/// binaries (the status's entry is an `Apply` here, an `Update` upstream).
+pub const FIELD_MANAGER: &str = "sample-controller";
+
+/// `User-Agent` of every request, so the API server's audit log and API
+/// Priority and Fairness can tell this operator from other clients.
+pub const USER_AGENT: &str = concat!("sample-controller/", env!("CARGO_PKG_VERSION"));
 
 /// Retries of one request the server asked to be retried later, as
 /// client-go's `maxRetries`.
@@ -113,7 +124,7 @@ pub fn patch_params() -> PatchParams {
 /// decoded object): up to [`IN_PLACE`] bytes are read and decoded here; a
 /// longer body is decoded as it streams in, by serde on a blocking thread
 /// through a synchronous bridge. With a `T` that skips what it does not
-/// need ([`crate::wire`]), a response's size costs no memory, and the
+/// need ([`crate::api::wire`]), a response's size costs no memory, and the
 /// common small response costs no thread.
 pub async fn send_streamed<T>(client: &Client, request: http::Request<Vec<u8>>) -> kube::Result<T>
 where

@@ -7,7 +7,7 @@
 //! skips those fields as it parses them, without building them.
 //!
 //! [`FooWire`] is a Foo as the Foo watch and the status write read it;
-//! [`crate::deployment::DeploymentView`]'s metadata is read by
+//! [`crate::api::deployment::DeploymentView`]'s metadata is read by
 //! [`metadata`] too.
 
 use std::borrow::Cow;
@@ -21,7 +21,7 @@ use kube::runtime::watcher;
 use serde::Deserialize;
 use serde::de::{Deserializer, SeqAccess, Visitor};
 
-use crate::foo::{Foo, FooSpec, FooStatus};
+use crate::api::foo::{Foo, FooSpec, FooStatus};
 
 /// The metadata a sync reads; serde skips the rest as it parses.
 #[derive(Default, Deserialize)]

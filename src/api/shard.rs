@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use kube::core::{Expression, Selector};
 
-use crate::constants::{LABEL_APP, LABEL_CONTROLLER, LABEL_MANAGED_BY};
+use crate::api::constants::{LABEL_APP, LABEL_CONTROLLER, LABEL_MANAGED_BY};
 
 /// The labels of a Foo its Deployment follows: each key the selector names,
 /// with the Foo's value, or `None` where the Foo lacks it (the Deployment

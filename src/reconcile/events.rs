@@ -37,10 +37,10 @@ use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::constants::{ACTION_RECONCILE, CONTROLLER_NAME};
-use crate::decision::EventSpec;
+use crate::api::constants::{ACTION_RECONCILE, CONTROLLER_NAME};
 use crate::leader::{Fence, may_write};
-use crate::workqueue::QueueMetrics;
+use crate::observe::workqueue::QueueMetrics;
+use crate::reconcile::decision::EventSpec;
 
 /// Events waiting to be sent. client-go's broadcaster queues 1000 and drops
 /// the rest; at ten thousand new Foos at once (a restore, the benchmark's

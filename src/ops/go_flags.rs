@@ -5,8 +5,8 @@
 
 use clap::CommandFactory;
 
-use crate::cli::Cli;
-use crate::telemetry::klog_filter;
+use crate::observe::telemetry::klog_filter;
+use crate::ops::cli::Cli;
 
 /// The command line after [`from_go_style`]: what clap parses, and what
 /// was translated on the way.
@@ -69,7 +69,7 @@ pub fn from_go_style(args: impl IntoIterator<Item = String>) -> GoStyleArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::telemetry::DEFAULT_FILTER;
+    use crate::observe::telemetry::DEFAULT_FILTER;
     use clap::Parser;
 
     fn go_style(args: &[&str]) -> GoStyleArgs {

@@ -2,7 +2,7 @@
 //! the controller keeps of the Deployments it sees ([`DeploymentView`]), and
 //! the one ownership rule, by controller ownerReference
 //! ([`controlling_foo`], [`is_controlled_by`]). Pure functions over plain
-//! values; the API calls live in [`crate::sync`] and [`crate::adoption`].
+//! values; the API calls live in [`crate::reconcile::sync`] and [`crate::reconcile::adoption`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,9 +15,9 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 use serde::{Deserialize, Serialize};
 
-use crate::constants::*;
-use crate::foo::{DEFAULT_REPLICAS, Foo};
-use crate::shard::FollowedLabels;
+use crate::api::constants::*;
+use crate::api::foo::{DEFAULT_REPLICAS, Foo};
+use crate::api::shard::FollowedLabels;
 
 /// Labels shared by the Deployment's selector and its pods: upstream's
 /// `app: nginx` and `controller: <foo name>`.
@@ -88,7 +88,7 @@ pub fn is_controlled_by<K: Resource>(deployment: &K, foo: &Foo) -> bool {
 }
 
 /// Upstream's `newDeployment`: the Deployment a Foo asks for, carrying the
-/// `followed` labels of the Foo's shard ([`crate::shard`]). `None` when the
+/// `followed` labels of the Foo's shard ([`crate::api::shard`]). `None` when the
 /// Foo cannot own anything (no uid, or an empty deploymentName).
 pub fn desired_deployment(foo: &Foo, followed: &FollowedLabels) -> Option<Deployment> {
     let owner = owner_reference(foo)?;
@@ -137,8 +137,8 @@ pub fn desired_deployment(foo: &Foo, followed: &FollowedLabels) -> Option<Deploy
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct DeploymentView {
     /// Read without annotations, finalizers, managedFields and owners other
-    /// than the controller ([`crate::wire::metadata`]).
-    #[serde(deserialize_with = "crate::wire::metadata")]
+    /// than the controller ([`crate::api::wire::metadata`]).
+    #[serde(deserialize_with = "crate::api::wire::metadata")]
     pub metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<ViewSpec>,
@@ -237,7 +237,7 @@ impl DeploymentView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::UNSHARDED;
+    use crate::api::shard::UNSHARDED;
     use crate::testing::{DeploymentFixture, FooFixture};
 
     #[test]

@@ -24,9 +24,9 @@ use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
+use crate::api::foo::Foo;
 use crate::cache::by_name;
-use crate::foo::Foo;
-use crate::workqueue::{Key, Priority, QueueMetrics, queue_key};
+use crate::observe::workqueue::{Key, Priority, QueueMetrics, queue_key};
 
 /// Foos the backlog lets in at a time, per worker: one waiting for each
 /// worker besides the one it runs, so that no worker waits for the next
@@ -190,7 +190,7 @@ mod tests {
 
     fn in_sync(name: &str) -> Foo {
         let mut foo = Foo::test(name).generation(2);
-        foo.status = Some(crate::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
+        foo.status = Some(crate::api::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
         foo
     }
 

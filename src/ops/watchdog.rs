@@ -18,10 +18,10 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::task::JoinHandle;
 use tracing::error;
 
+use crate::api::foo::Foo;
 use crate::cache::{Caches, by_name};
-use crate::foo::Foo;
 use crate::leader::Fence;
-use crate::metrics::Metrics;
+use crate::observe::metrics::Metrics;
 
 /// How often the gauges are brought up to date: well within a scrape
 /// interval, and a pass over 100 000 cached Foos takes milliseconds.
@@ -98,7 +98,7 @@ pub fn spawn(caches: Caches, metrics: Arc<Metrics>, fence: Option<Arc<Fence>>) -
             let Some(fence) = &fence else { continue };
             let refused = fence.refused_for();
             metrics.set_fence_refused(refused);
-            metrics.set_fence_state(fence.state());
+            metrics.set_fence_state(fence.state().label());
             if !fence.refusal_lasts() {
                 reported = false;
             } else if !reported {

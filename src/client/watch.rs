@@ -27,7 +27,7 @@ use kube::Resource;
 use kube::runtime::watcher;
 use tokio::time::Instant;
 
-use crate::retry::{FIRST_RETRY, with_jitter};
+use crate::client::retry::{FIRST_RETRY, with_jitter};
 
 /// The longest a failing watch waits between tries, before jitter: the
 /// longest the controller stays deaf after the server recovers.

@@ -1,35 +1,15 @@
-//! The names a sync puts on the wire: field manager, user agent, labels,
-//! event reasons and messages, condition types. Kept in one place so the
+//! The names a sync puts on the wire: labels, event reasons and messages,
+//! condition types. Kept in one place so the
 //! docs, the tests and the code cannot drift apart, and so they match
 //! upstream sample-controller where upstream has a name for the same thing.
-//! Two kinds of name live with what they name instead: the Foo schema's
-//! validation messages in [`crate::foo`], and metric names in
-//! [`crate::metrics`] and [`crate::workqueue`].
-
-/// Field manager for every write (create, patch, status). Upstream uses the
-/// same name, so managedFields name the same manager after swapping the
-/// binaries (the status's entry is an `Apply` here, an `Update` upstream).
-pub const FIELD_MANAGER: &str = "sample-controller";
-
-/// `User-Agent` of every request, so the API server's audit log and API
-/// Priority and Fairness can tell this operator from other clients.
-pub const USER_AGENT: &str = concat!("sample-controller/", env!("CARGO_PKG_VERSION"));
+//! Other names live with what they name: the Foo schema's validation
+//! messages in [`crate::api::foo`], the client's field manager and
+//! User-Agent in [`crate::client`], metric names in
+//! [`crate::observe::metrics`] and [`crate::observe::workqueue`], the
+//! pod-name variable in [`crate::leader`].
 
 /// `reportingController` of emitted Events.
-/// The commit this binary was built from: hack/build-image.sh sets
-/// `SAMPLE_CONTROLLER_REVISION` for the image's build (the commit, with
-/// `-modified` when the tree differed from it); any other build says
-/// `unknown`. The `revision` label of `sample_controller_build_info`.
-pub const REVISION: &str = match option_env!("SAMPLE_CONTROLLER_REVISION") {
-    Some(revision) => revision,
-    None => "unknown",
-};
-
 pub const CONTROLLER_NAME: &str = "sample-controller";
-
-/// Name used for the controller in metrics labels (`controller="foo"`), as
-/// controller-runtime names a controller after the kind it reconciles.
-pub const METRICS_CONTROLLER_LABEL: &str = "foo";
 
 /// Labels of the Deployment, its selector and its pods — upstream's.
 pub const LABEL_APP: &str = "app";
@@ -103,8 +83,3 @@ pub const REASON_PROGRESSING: &str = "Progressing";
 /// '<name>' with binding '<name>' denied request: ..."), which is how the
 /// operator tells a refusal by the fence from any other.
 pub const FENCE_POLICY: &str = "sample-controller-leader-fence";
-
-/// The pod's name, set from the downward API in deploy/: the start of the
-/// Lease's holder identity, which the fence matches with the pod the
-/// request's token is bound to.
-pub const POD_NAME_ENV: &str = "POD_NAME";

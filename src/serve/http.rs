@@ -15,8 +15,8 @@ use axum::routing::get;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::metrics::Metrics;
-use crate::metrics_auth::{Access, MetricsAuth};
+use crate::observe::metrics::Metrics;
+use crate::serve::metrics_auth::{Access, MetricsAuth};
 
 /// A listener that could not be bound.
 #[derive(Debug, thiserror::Error)]
@@ -217,7 +217,7 @@ mod tests {
     /// review, and the refusal is counted.
     #[tokio::test(start_paused = true)]
     async fn a_new_token_over_the_review_limit_is_answered_429_with_retry_after_and_counted() {
-        use crate::metrics_auth::{REVIEW_BURST, tests::refusing_every_token};
+        use crate::serve::metrics_auth::{REVIEW_BURST, tests::refusing_every_token};
         let (client, reviews) = refusing_every_token();
         let metrics = Arc::new(Metrics::new());
         let router = secure_metrics_router(metrics.clone(), Arc::new(MetricsAuth::new(client)));

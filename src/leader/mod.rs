@@ -13,6 +13,8 @@
 //! duration) and its leader never reports a failed renewal as lost
 //! leadership.
 
+pub mod leader_fence;
+
 use std::pin::pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,9 +32,13 @@ use tokio::sync::Notify;
 use tracing::{debug, info, warn};
 
 use crate::client::post_params;
-use crate::constants::POD_NAME_ENV;
-use crate::leader_fence::{FenceState, LeaderFence, no_such_kind};
-use crate::retry::BACKOFF_MAX;
+use crate::client::retry::BACKOFF_MAX;
+use crate::leader::leader_fence::{FenceState, LeaderFence, no_such_kind};
+
+/// The pod's name, set from the downward API in deploy/: the start of the
+/// Lease's holder identity, which the fence matches with the pod the
+/// request's token is bound to.
+pub const POD_NAME_ENV: &str = "POD_NAME";
 
 /// Timing and identity of one candidate.
 #[derive(Clone, Debug)]
@@ -731,13 +737,13 @@ async fn sleep_or_pending(wait: Option<Duration>) {
 /// The one object a watch narrowed to a name follows, after each change:
 /// `Ok(None)` while there is none. Nothing is yielded before the watch's
 /// first full list; errors are passed on (the watch retries them, as
-/// [`crate::watch`] paces them).
+/// [`crate::client::watch`] paces them).
 fn states<K>(api: Api<K>, wc: watcher::Config) -> impl Stream<Item = Result<Option<K>, watcher::Error>> + Send
 where
     K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + Sync + 'static,
 {
     let mut listing = None;
-    crate::watch::watch(api, wc).filter_map(move |ev| {
+    crate::client::watch::watch(api, wc).filter_map(move |ev| {
         let state = match ev {
             Ok(watcher::Event::Init) => {
                 listing = None;

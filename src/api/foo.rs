@@ -7,7 +7,7 @@ use kube::{CustomResource, Resource};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::constants::CONDITION_READY;
+use crate::api::constants::CONDITION_READY;
 
 /// A DNS-1123 subdomain, the rule Kubernetes applies to Deployment names.
 /// Checked by the API server so a bad name is refused at `kubectl apply`,

@@ -41,11 +41,11 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::api::deployment::{DeploymentView, controlling_foo, has_managed_label, unmanaged_selector};
+use crate::api::foo::Foo;
+use crate::api::shard::FollowedLabels;
 use crate::client::{patch_params, send_streamed};
-use crate::decision::DeploymentPatch;
-use crate::deployment::{DeploymentView, controlling_foo, has_managed_label, unmanaged_selector};
-use crate::foo::Foo;
-use crate::shard::FollowedLabels;
+use crate::reconcile::decision::DeploymentPatch;
 
 /// Deployments per page of the pass's list: kube-runtime's page size for
 /// the watches' lists. Each is decoded as it streams in, keeping a few
@@ -247,7 +247,7 @@ struct ListedMeta {
     namespace: Option<String>,
     uid: Option<String>,
     resource_version: Option<String>,
-    #[serde(default, deserialize_with = "crate::wire::controller_reference")]
+    #[serde(default, deserialize_with = "crate::api::wire::controller_reference")]
     owner_references: Option<OwnerReference>,
 }
 
@@ -304,7 +304,7 @@ pub fn judge(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::constants::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
+    use crate::api::constants::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
     use crate::testing::{DeploymentFixture, FooFixture};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::core::PartialObjectMetaExt;
@@ -338,7 +338,7 @@ mod tests {
     #[test]
     fn a_deployment_adopted_by_a_shard_is_put_in_its_foos_shard_in_the_same_patch() {
         let foo = Foo::test("example-foo").label("shard", "a");
-        let shard = crate::shard::Shard::parse("shard=a").unwrap();
+        let shard = crate::api::shard::Shard::parse("shard=a").unwrap();
         let in_shard = |_: &ObjectRef<Foo>| {
             let followed = shard.follow(foo.metadata.labels.as_ref());
             Some(CachedFoo { uid: ResourceExt::uid(&foo)?, deployment_name: "example-foo".into(), followed })

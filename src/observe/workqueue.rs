@@ -41,7 +41,7 @@ pub type Key = String;
 /// `workqueue_depth{priority}`: `0` for a change, `-100`
 /// (`handler.LowPriority`, which it gives the objects of an initial list)
 /// for the first sync of a Foo already in sync when this replica started,
-/// relisted or took the Lease ([`crate::backlog`]'s later lane). A
+/// relisted or took the Lease ([`crate::controller::backlog`]'s later lane). A
 /// dashboard tells the start-up flood from changes waiting by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Priority {

@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
-use crate::shard::Shard;
-use crate::telemetry::LogFormat;
+use crate::api::shard::Shard;
+use crate::observe::telemetry::LogFormat;
 
 /// What else the binary does.
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]

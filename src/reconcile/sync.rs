@@ -20,21 +20,21 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Client, Resource, ResourceExt};
 use tracing::{error, info, warn};
 
-use crate::adoption::Adoption;
+use crate::api::constants::*;
+use crate::api::deployment::{DeploymentView, is_controlled_by};
+use crate::api::foo::Foo;
+use crate::api::shard::FollowedLabels;
+use crate::api::wire::FooWire;
 use crate::cache::{Caches, by_name};
+use crate::client::retry::{BACKOFF_BASE, FIRST_RETRY, Failures, retry_delay};
 use crate::client::{apply_params, patch_params, post_params, send_streamed};
-use crate::constants::*;
-use crate::decision::{DeploymentAction, Outcome, Plan, decide, not_adopted};
-use crate::deployment::{DeploymentView, is_controlled_by};
-use crate::error::{ApiAction, SyncError as Error, SyncResult as Result};
-use crate::events::Publisher;
-use crate::foo::Foo;
 use crate::leader::{Fence, may_write};
-use crate::metrics::Metrics;
-use crate::retry::{BACKOFF_BASE, FIRST_RETRY, Failures, retry_delay};
-use crate::shard::FollowedLabels;
-use crate::wire::FooWire;
-use crate::workqueue::queue_key;
+use crate::observe::metrics::Metrics;
+use crate::observe::workqueue::queue_key;
+use crate::reconcile::adoption::Adoption;
+use crate::reconcile::decision::{DeploymentAction, Outcome, Plan, decide, not_adopted};
+use crate::reconcile::error::{ApiAction, SyncError as Error, SyncResult as Result};
+use crate::reconcile::events::Publisher;
 
 /// Shared by all reconciles.
 pub struct Context {
@@ -47,7 +47,7 @@ pub struct Context {
     /// Under leader election: whether this replica may still write.
     pub(crate) fence: Option<Arc<Fence>>,
     /// Consecutive failures per Foo, for the retry backoff.
-    pub failures: Failures,
+    pub failures: Failures<Foo>,
     /// How long one sync may take (`--reconcile-timeout`).
     pub reconcile_timeout: Duration,
 }

@@ -14,10 +14,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use kube::Resource;
 use kube::runtime::reflector::ObjectRef;
 use parking_lot::Mutex;
-
-use crate::foo::Foo;
 
 /// The first retry after the API server failed or refused a request (a
 /// sync's, a watch's): answering a failing server within milliseconds would
@@ -29,31 +28,36 @@ pub const FIRST_RETRY: Duration = Duration::from_secs(1);
 pub const BACKOFF_BASE: Duration = Duration::from_millis(5);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(1000);
 
-/// Consecutive failures per Foo; a Foo leaves the map with its next
-/// success, or once it is deleted.
-#[derive(Default)]
-pub struct Failures {
-    counts: Mutex<HashMap<ObjectRef<Foo>, u32>>,
+/// Consecutive failures per object (a Foo, for the syncs); an object leaves
+/// the map with its next success, or once it is deleted.
+pub struct Failures<K: Resource<DynamicType = ()>> {
+    counts: Mutex<HashMap<ObjectRef<K>, u32>>,
 }
 
-impl Failures {
-    /// The delay before the next retry of `foo`, counting this failure;
-    /// `exists` says whether a Foo is still cached.
-    pub fn next_delay(&self, foo: ObjectRef<Foo>, exists: impl Fn(&ObjectRef<Foo>) -> bool) -> Duration {
+impl<K: Resource<DynamicType = ()>> Default for Failures<K> {
+    fn default() -> Self {
+        Failures { counts: Mutex::default() }
+    }
+}
+
+impl<K: Resource<DynamicType = ()>> Failures<K> {
+    /// The delay before the next retry of `obj`, counting this failure;
+    /// `exists` says whether an object is still cached.
+    pub fn next_delay(&self, obj: ObjectRef<K>, exists: impl Fn(&ObjectRef<K>) -> bool) -> Duration {
         let mut counts = self.counts.lock();
-        if !counts.contains_key(&foo) {
-            // Forget Foos deleted while failing, so the map stays as small as
-            // the set of failing Foos.
-            counts.retain(|f, _| exists(f));
+        if !counts.contains_key(&obj) {
+            // Forget objects deleted while failing, so the map stays as small
+            // as the set of failing objects.
+            counts.retain(|o, _| exists(o));
         }
-        let n = counts.entry(foo).or_insert(0);
+        let n = counts.entry(obj).or_insert(0);
         let delay = backoff_delay(*n);
         *n = n.saturating_add(1);
         delay
     }
 
-    pub fn reset(&self, foo: &ObjectRef<Foo>) {
-        self.counts.lock().remove(foo);
+    pub fn reset(&self, obj: &ObjectRef<K>) {
+        self.counts.lock().remove(obj);
     }
 }
 
@@ -78,6 +82,7 @@ pub fn with_jitter(delay: Duration, random: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::ConfigMap;
 
     #[test]
     fn a_sync_the_server_failed_waits_at_least_a_second_and_others_their_backoff() {
@@ -86,18 +91,18 @@ mod tests {
         assert_eq!(retry_delay(backoff_delay(12), true), backoff_delay(12), "a longer backoff stands");
     }
 
-    fn foo(name: &str) -> ObjectRef<Foo> {
+    fn foo(name: &str) -> ObjectRef<ConfigMap> {
         ObjectRef::new(name).within("default")
     }
 
-    /// Each Foo backs off on its own failures, starts over after a success,
+    /// Each object backs off on its own failures, starts over after a success,
     /// and one deleted while failing is forgotten when another starts
     /// failing (cargo-mutants: no test noticed a zero delay, a reset that
     /// did nothing or a map that never forgot).
     #[test]
     fn each_foo_backs_off_on_its_own_failures_and_starts_over_after_a_success() {
         let failures = Failures::default();
-        let all = |_: &ObjectRef<Foo>| true;
+        let all = |_: &ObjectRef<ConfigMap>| true;
         let ms = Duration::from_millis;
         let a: Vec<_> = (0..3).map(|_| failures.next_delay(foo("a"), all)).collect();
         assert_eq!(a, [ms(5), ms(10), ms(20)]);
@@ -105,7 +110,7 @@ mod tests {
         failures.reset(&foo("a"));
         assert_eq!(failures.next_delay(foo("a"), all), ms(5), "a succeeded in between");
         // a is deleted; c's first failure sweeps it out.
-        assert_eq!(failures.next_delay(foo("c"), |f: &ObjectRef<Foo>| f.name != "a"), ms(5));
+        assert_eq!(failures.next_delay(foo("c"), |f: &ObjectRef<ConfigMap>| f.name != "a"), ms(5));
         assert_eq!(failures.counts.lock().len(), 2, "b and c");
         assert_eq!(failures.next_delay(foo("a"), all), ms(5), "a, back, starts over");
     }

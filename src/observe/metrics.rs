@@ -30,8 +30,24 @@ use prometheus_client::registry::Registry;
 
 use kube::runtime::controller::Action;
 
-use crate::constants::{METRICS_CONTROLLER_LABEL, REVISION};
-use crate::workqueue::QueueMetrics;
+use crate::observe::workqueue::QueueMetrics;
+
+/// The commit this binary was built from: hack/build-image.sh sets
+/// `SAMPLE_CONTROLLER_REVISION` for the image's build (the commit, with
+/// `-modified` when the tree differed from it); any other build says
+/// `unknown`. The `revision` label of `sample_controller_build_info`.
+pub const REVISION: &str = match option_env!("SAMPLE_CONTROLLER_REVISION") {
+    Some(revision) => revision,
+    None => "unknown",
+};
+
+/// Name used for the controller in metrics labels (`controller="foo"`), as
+/// controller-runtime names a controller after the kind it reconciles.
+pub const METRICS_CONTROLLER_LABEL: &str = "foo";
+
+/// The states of `sample_controller_leader_fence{state}` a leader reports
+/// (the elector's `FenceState` labels; a standby reports none).
+pub const FENCE_STATES: [&str; 3] = ["in_place", "open", "not_installed"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -221,7 +237,7 @@ impl Metrics {
             "Number of HTTP requests, partitioned by status code, method, and host.",
             self.rest_requests.clone(),
         );
-        r.register_collector(Box::new(crate::process::Process));
+        r.register_collector(Box::new(crate::observe::process::Process));
         self.queue.register(r, METRICS_CONTROLLER_LABEL);
         self
     }
@@ -300,12 +316,11 @@ impl Metrics {
         self.fence_refused.set(seconds(refused_for));
     }
 
-    /// Where the leader's API server fence stands: 1 for `state`, 0 for
-    /// the others.
-    pub fn set_fence_state(&self, state: crate::leader_fence::FenceState) {
-        use crate::leader_fence::FenceState::*;
-        for each in [InPlace, Open, NotInstalled] {
-            self.fence_state.get_or_create(&FenceLabels { state: each.label() }).set(i64::from(each == state));
+    /// Where the leader's API server fence stands: 1 for `state` (one of
+    /// [`FENCE_STATES`]), 0 for the others (all 0 on a standby).
+    pub fn set_fence_state(&self, state: &str) {
+        for each in FENCE_STATES {
+            self.fence_state.get_or_create(&FenceLabels { state: each }).set(i64::from(each == state));
         }
     }
 

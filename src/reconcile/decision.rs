@@ -2,7 +2,7 @@
 //! function. Given the Foo, the Deployment of its `spec.deploymentName` as
 //! the API server returned it (or none) and the Deployments labelled for
 //! this Foo, [`decide`] returns a [`Plan`]: which writes to make, which
-//! events to emit and how the sync ends. [`crate::sync`] carries it out and
+//! events to emit and how the sync ends. [`crate::reconcile::sync`] carries it out and
 //! does nothing else, so every branch is tested here without a server.
 
 use kube::runtime::events::EventType;
@@ -12,10 +12,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{Resource, ResourceExt};
 
-use crate::constants::*;
-use crate::deployment::{DeploymentView, desired_deployment, is_controlled_by};
-use crate::foo::{Foo, FooStatus};
-use crate::shard::FollowedLabels;
+use crate::api::constants::*;
+use crate::api::deployment::{DeploymentView, desired_deployment, is_controlled_by};
+use crate::api::foo::{Foo, FooStatus};
+use crate::api::shard::FollowedLabels;
 
 /// The one write the sync makes to the Deployment named by the Foo.
 #[derive(Clone, Debug, PartialEq)]
@@ -45,7 +45,7 @@ pub struct DeploymentPatch {
     /// see it. A metadata-only change: no rollout, no pod replaced.
     pub adopt: bool,
     /// The shard labels to set (`None`: remove) so that the Deployment
-    /// follows its Foo into the Foo's shard ([`crate::shard`]); metadata
+    /// follows its Foo into the Foo's shard ([`crate::api::shard`]); metadata
     /// only, as `adopt`.
     pub relabel: FollowedLabels,
 }
@@ -129,7 +129,7 @@ impl Plan {
 /// - `owned`: cached Deployments of the Foo's namespace; those the Foo
 ///   controls under another name are deleted once the current one is ours.
 /// - `followed`: the labels of the Foo its Deployment carries too, so it
-///   stays in the Foo's shard ([`crate::shard::Shard::follow`]).
+///   stays in the Foo's shard ([`crate::api::shard::Shard::follow`]).
 /// - `now`: the time stamped on a condition that changes status.
 pub fn decide(
     foo: &Foo,
@@ -266,7 +266,7 @@ fn status_with(foo: &Foo, available: i32, mut cond: Condition, now: &Time) -> Op
 }
 
 /// The Warning a Foo's sync sends for a Deployment the adoption pass left
-/// alone ([`crate::adoption`]).
+/// alone ([`crate::reconcile::adoption`]).
 pub fn not_adopted(deployment_name: &str) -> EventSpec {
     warning(REASON_NOT_ADOPTED, message_not_adopted(deployment_name))
 }
@@ -282,7 +282,7 @@ fn normal(reason: &'static str, message: String) -> EventSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shard::{Shard, UNSHARDED};
+    use crate::api::shard::{Shard, UNSHARDED};
     use crate::testing::{DeploymentFixture, FooFixture};
     use k8s_openapi::jiff::Timestamp;
 
@@ -635,8 +635,8 @@ mod tests {
 #[cfg(test)]
 mod properties {
     use super::*;
-    use crate::deployment::{ViewSpec, ViewStatus};
-    use crate::shard::UNSHARDED;
+    use crate::api::deployment::{ViewSpec, ViewStatus};
+    use crate::api::shard::UNSHARDED;
     use crate::testing::FooFixture;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
     use k8s_openapi::jiff::Timestamp;

@@ -1,7 +1,9 @@
 //! Watches into triggers: Foos and the Deployments they own are watched
 //! into caches, and each change becomes a sync of the Foo it concerns, run
-//! by kube-runtime's `Controller` ([`crate::sync`] carries a sync out and
+//! by kube-runtime's `Controller` ([`crate::reconcile::sync`] carries a sync out and
 //! times a failed one's retry).
+
+pub mod backlog;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -16,17 +18,17 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 use tracing::{debug, info};
 
-use crate::backlog::{Backlog, Lane, first_sync_lane};
+use crate::api::deployment::{DeploymentView, controlling_foo, managed_selector};
+use crate::api::foo::Foo;
+use crate::api::shard::Shard;
+use crate::api::wire::{FooWire, foo_event};
 use crate::cache::{Cache, Caches, by_name, trim_deployment, trim_foo};
 use crate::client::api;
-use crate::deployment::{DeploymentView, controlling_foo, managed_selector};
-use crate::error::SyncError;
-use crate::foo::Foo;
-use crate::shard::Shard;
-use crate::sync::{Context, error_policy, reconcile};
-use crate::watch::watch;
-use crate::wire::{FooWire, foo_event};
-use crate::workqueue::{QueueMetrics, queue_key};
+use crate::client::watch::watch;
+use crate::controller::backlog::{Backlog, Lane, first_sync_lane};
+use crate::observe::workqueue::{QueueMetrics, queue_key};
+use crate::reconcile::error::SyncError;
+use crate::reconcile::sync::{Context, error_policy, reconcile};
 
 /// What to watch, and how hard to work.
 #[derive(Clone, Debug)]
@@ -44,7 +46,7 @@ pub struct Settings {
 }
 
 /// The controller's own backoff over all its triggers: none, as each watch
-/// paces itself ([`crate::watch`]); kube-runtime's default would pause every
+/// paces itself ([`crate::client::watch`]); kube-runtime's default would pause every
 /// watch for one's errors.
 struct EachWatchBacksOff;
 
@@ -61,7 +63,7 @@ impl Backoff for EachWatchBacksOff {
 }
 
 /// Build the controller, the caches its syncs read, and the backlog its
-/// first syncs wait in (see [`crate::backlog`]; taking the Lease fills it
+/// first syncs wait in (see [`crate::controller::backlog`]; taking the Lease fills it
 /// too). Only the Deployments labelled as made by this controller are
 /// watched: upstream's informer caches every Deployment in the cluster;
 /// other people's never reach this one.
@@ -358,7 +360,7 @@ mod tests {
     async fn a_listed_foo_in_sync_waits_for_the_backlog_and_a_change_an_unsynced_foo_or_one_a_relist_finds_changed_does_not()
      {
         let mut synced = Foo::test("synced").generation(2);
-        synced.status = Some(crate::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
+        synced.status = Some(crate::api::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
         let edited = synced.clone().generation(3);
         // Relabelled while the watch was down; its status still in sync.
         let relabelled = synced.clone().label("shard", "b");
