@@ -23,15 +23,27 @@
 //!
 //! ```sh
 //! cargo run --example pod_events -- --namespace default
+//! cargo run --example pod_events -- --namespace default --leader-elect
 //! ```
+//!
+//! With `--leader-elect`, replicas contend for the Lease `pod-events` in
+//! the namespace (`default` without one) through kube-lease-fence
+//! (crates/), and only the leader reports: it prints `leading as
+//! <identity>` once it holds the Lease, and releases it on SIGTERM or
+//! Ctrl-C, so a standby takes over at once. The elector's write gate has
+//! nothing to guard here (printing writes nothing to the API server); a
+//! reporter that wrote would check `gate.holds()` before each write.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{WatchStreamExt, watcher as watch};
 use kube::{Api, Client, ResourceExt};
+use kube_lease_fence::{Elector, LeaderConfig, default_identity};
+use tokio::signal::unix::{SignalKind, signal};
 
 /// What is remembered of a Pod: its resourceVersion and phase.
 #[derive(Clone)]
@@ -98,15 +110,8 @@ impl Pods {
     }
 }
 
-#[tokio::main]
-async fn main() -> Result<(), kube::Error> {
-    let client = Client::try_default().await?;
-    let args: Vec<String> = std::env::args().collect();
-    let namespace = args.iter().position(|a| a == "--namespace").and_then(|i| args.get(i + 1));
-    let pods: Api<Pod> = match namespace {
-        Some(ns) => Api::namespaced(client, ns),
-        None => Api::all(client),
-    };
+/// Report every Pod event of `pods`, for ever.
+async fn report(pods: Api<Pod>) {
     let mut state = Pods::default();
     let mut events = std::pin::pin!(watch(pods, watcher::Config::default()).default_backoff());
     while let Some(event) = events.next().await {
@@ -114,6 +119,59 @@ async fn main() -> Result<(), kube::Error> {
             Ok(event) => state.handle(event),
             Err(e) => eprintln!("watch error (retrying): {e}"),
         }
+    }
+}
+
+/// Report only while this replica holds the Lease `pod-events` in
+/// `namespace`; release it on SIGTERM or Ctrl-C.
+async fn report_as_leader(client: Client, namespace: &str, pods: Api<Pod>) -> Result<(), String> {
+    let cfg = LeaderConfig {
+        lease_name: "pod-events".into(),
+        namespace: namespace.into(),
+        identity: default_identity("POD_NAME", "pod-events"),
+        lease_duration: Duration::from_secs(15),
+        renew_deadline: Duration::from_secs(10),
+        retry_period: Duration::from_secs(2),
+        field_manager: "pod-events".into(),
+        fence: None,
+        retry_cap: Duration::from_secs(60),
+    };
+    let identity = cfg.identity.clone();
+    let mut elector = Elector::new(client, cfg);
+    let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let stop = async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+    };
+    let mut stop = std::pin::pin!(stop);
+    tokio::select! {
+        () = elector.acquire() => println!("leading as {identity}"),
+        () = &mut stop => return Ok(()),
+    }
+    let result = tokio::select! {
+        lost = elector.hold() => Err(format!("stopped leading: {lost}")),
+        () = report(pods) => Ok(()),
+        () = &mut stop => Ok(()),
+    };
+    elector.release().await;
+    result
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let client = Client::try_default().await?;
+    let args: Vec<String> = std::env::args().collect();
+    let namespace = args.iter().position(|a| a == "--namespace").and_then(|i| args.get(i + 1));
+    let pods: Api<Pod> = match namespace {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    if args.iter().any(|a| a == "--leader-elect") {
+        report_as_leader(client, namespace.map_or("default", String::as_str), pods).await?;
+    } else {
+        report(pods).await;
     }
     Ok(())
 }

@@ -101,7 +101,7 @@ leader_fence_crd() {
   cat <<'HEADER'
 # The leader fence's parameter (11-leader-fence-policy.yaml): a LeaderFence
 # of the Lease's name names the replica that leads; the leader writes it
-# before its first write (src/leader/leader_fence.rs, which this file is generated
+# before its first write (src/api/leader_fence.rs, which this file is generated
 # from by hack/update-crds.sh). A CRD rather than the Lease itself: the API
 # server stops reading a built-in parameter kind for good once its binding
 # is deleted (docs/design.md, "The leader fence").

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Regenerate the CRDs from their Rust types (the counterpart of upstream's
 # update-codegen.sh): crds/ from the Foo type, and deploy/'s LeaderFence CRD
-# (the leader fence's parameter) from src/leader/leader_fence.rs.
+# (the leader fence's parameter) from src/api/leader_fence.rs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"

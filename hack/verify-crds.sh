@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fail if crds/ differs from what the Foo type generates, or deploy/'s
-# LeaderFence CRD from what src/leader/leader_fence.rs does (the counterpart of
+# LeaderFence CRD from what src/api/leader_fence.rs does (the counterpart of
 # upstream's verify-codegen.sh).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -13,6 +13,6 @@ if ! diff -u crds/samplecontroller.k8s.io_foos.yaml "$generated"; then
 fi
 leader_fence_crd > "$generated"
 if ! diff -u "$LEADER_FENCE_CRD" "$generated"; then
-  die "$LEADER_FENCE_CRD is out of date with src/leader/leader_fence.rs; run hack/update-crds.sh and commit the result"
+  die "$LEADER_FENCE_CRD is out of date with src/api/leader_fence.rs; run hack/update-crds.sh and commit the result"
 fi
 log "crds/ and $LEADER_FENCE_CRD are up to date"

@@ -6,18 +6,23 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use kube::api::ApiResource;
 use kube::runtime::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
+use kube_lease_fence::{Elector, LeaderConfig, Lost, WriteGate, check_timing, default_identity, may_write};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
+use crate::api::constants::POD_NAME_ENV;
 use crate::api::foo::Foo;
+use crate::api::leader_fence::LeaderFence;
 use crate::cache::Caches;
+use crate::client::retry::BACKOFF_MAX;
+use crate::client::watch::Paced;
 use crate::client::{self, ConfigError};
 use crate::controller::backlog::Backlog;
 use crate::controller::{self, Settings};
-use crate::leader::{self, Elector, Fence, LeaderConfig, check_timing, default_identity};
 use crate::observe::metrics::Metrics;
 use crate::ops::check;
 use crate::ops::cli::{Cli, Command};
@@ -68,7 +73,7 @@ pub enum Error {
     /// This replica stopped leading; it exits so that it restarts as a
     /// standby, as client-go and controller-runtime do.
     #[error("lost the lease {lease}: {reason}")]
-    LostLease { lease: String, reason: leader::Lost },
+    LostLease { lease: String, reason: Lost },
 }
 
 /// Run the operator until shutdown (returns `Ok`) or lost leadership
@@ -99,7 +104,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     };
     let (controller, caches, backlog) = controller::build(&client, &settings, metrics.queue.clone());
     let adoption = Arc::new(Adoption::new(client::api(&client, settings.namespace.as_deref()), cli.workers.into()));
-    let identity = default_identity();
+    let identity = default_identity(POD_NAME_ENV, "sample-controller");
     let parts = Parts {
         client: client.clone(),
         caches,
@@ -115,15 +120,33 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         run_controller(controller, parts, None).await;
         return Ok(());
     }
-    let lease = LeaderConfig {
-        lease_name: lease_name?,
-        namespace: cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned()),
+    let namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned());
+    let timing = (cli.leader_elect_lease_duration, cli.leader_elect_renew_deadline, cli.leader_elect_retry_period);
+    let lease = leader_config(lease_name?, namespace, identity, timing);
+    lead(controller, parts, Elector::with_watches(client, lease, Paced)).await
+}
+
+/// The elector's configuration: the Lease `name` in `namespace`, contended
+/// for as `identity` with `(lease duration, renew deadline, retry period)`;
+/// its writes under the operator's field manager, its fence the
+/// [`LeaderFence`], a refused sync retried at least every [`BACKOFF_MAX`].
+pub fn leader_config(
+    name: String,
+    namespace: String,
+    identity: String,
+    (lease_duration, renew_deadline, retry_period): (Duration, Duration, Duration),
+) -> LeaderConfig {
+    LeaderConfig {
+        lease_name: name,
+        namespace,
         identity,
-        lease_duration: cli.leader_elect_lease_duration,
-        renew_deadline: cli.leader_elect_renew_deadline,
-        retry_period: cli.leader_elect_retry_period,
-    };
-    lead(controller, parts, Elector::new(client, lease)).await
+        lease_duration,
+        renew_deadline,
+        retry_period,
+        field_manager: client::FIELD_MANAGER.into(),
+        fence: Some(ApiResource::erase::<LeaderFence>(&())),
+        retry_cap: BACKOFF_MAX,
+    }
 }
 
 /// `sample-controller check`: each check's line on stdout; an error if any
@@ -179,10 +202,10 @@ async fn serve_endpoints(
 /// backlog, so that edits made meanwhile overtake them. (controller-runtime's
 /// manager, by default, starts its watches only once it leads: its standby
 /// lists everything after taking the Lease.)
-async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -> Result<(), Error> {
+async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Paced>) -> Result<(), Error> {
     let (metrics, lease) = (parts.metrics.clone(), elector.lease_name().to_owned());
     let (caches, backlog, adoption) = (parts.caches.clone(), parts.backlog.clone(), parts.adoption.clone());
-    let fence = elector.fence();
+    let fence = elector.gate();
     let mut controller = pin!(run_controller(controller, parts, Some(fence.clone())));
     metrics.set_leader(&lease, false);
     tokio::select! {
@@ -222,7 +245,7 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector) -
 
 /// Run the adoption pass in the background once the caches are synced,
 /// writing only while `fence` holds; the syncs wait for it to finish.
-pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<Arc<Fence>>) -> JoinHandle<()> {
+pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<Arc<WriteGate>>) -> JoinHandle<()> {
     let (caches, adoption) = (caches.clone(), adoption.clone());
     tokio::spawn(async move {
         if !caches.synced().await {
@@ -238,8 +261,8 @@ pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<A
                 followed: caches.shard.follow_cached(foo.metadata.labels.as_ref()),
             })
         };
-        let may_write = || leader::may_write(fence.as_deref());
-        adoption.run(cached_foo, may_write, |adopted| caches.deployments.wrote(None, Some(adopted))).await;
+        let writable = || may_write(fence.as_deref());
+        adoption.run(cached_foo, writable, |adopted| caches.deployments.wrote(None, Some(adopted))).await;
     })
 }
 
@@ -261,7 +284,7 @@ struct Parts {
 /// Run the controller until shutdown, reporting readiness once its caches
 /// are filled; then send the Events still queued. If the future is dropped
 /// instead (lost leadership), queued Events are dropped with it.
-async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option<Arc<Fence>>) {
+async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option<Arc<WriteGate>>) {
     let Parts { client, caches, backlog, adoption, metrics, instance, readiness, reconcile_timeout } = parts;
     let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), fence.clone());
     let ctx = Context::new(client, caches.clone(), adoption, metrics, Some(instance), fence);

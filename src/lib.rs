@@ -12,8 +12,8 @@
 //! - [`api`]: the Foo, the Deployment it owns, their names and labels.
 //!
 //! Below the Foo, machinery any controller could use, which never imports
-//! it:
-//! - [`leader`]: leader election on a Lease, and the API server's fence;
+//! it (leader election and the API server's fence are a crate of their
+//! own, crates/kube-lease-fence):
 //! - [`serve`]: the metrics and probe endpoints, TLS, who may read them;
 //! - [`client`]: the Kubernetes client, its retries, the paced watches;
 //! - [`observe`]: metrics and logs.
@@ -23,7 +23,6 @@ pub mod app;
 pub mod cache;
 pub mod client;
 pub mod controller;
-pub mod leader;
 pub mod observe;
 pub mod ops;
 pub mod reconcile;

@@ -24,11 +24,11 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
 use sample_controller::api::constants::FENCE_POLICY;
+use sample_controller::api::constants::POD_NAME_ENV;
 use sample_controller::api::deployment::DeploymentView;
+use sample_controller::api::leader_fence::{LeaderFence, LeaderFenceSpec};
 use sample_controller::api::shard::UNSHARDED;
 use sample_controller::client::USER_AGENT;
-use sample_controller::leader::POD_NAME_ENV;
-use sample_controller::leader::leader_fence::LeaderFence;
 use sample_controller::ops::watchdog::PERIOD;
 use sample_controller::reconcile::decision::{DeploymentAction, decide};
 use serde_json::json;
@@ -497,7 +497,7 @@ async fn a_leader_the_fence_refuses_for_good_says_so_in_an_error_and_in_the_aler
         without_fences,
     ]);
     let other = format!("{}_1", pods[1].name_any());
-    let fence = LeaderFence::naming(None, DEPLOY_LEASE, Some(&other));
+    let fence = LeaderFence::new(DEPLOY_LEASE, LeaderFenceSpec { holder_identity: Some(other.clone()) });
     let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
     fences.create(&PostParams::default(), &fence).await.expect("the LeaderFence naming the other replica");
     let ns = TestNamespace::new("chaos-refused").await;

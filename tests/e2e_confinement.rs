@@ -20,8 +20,8 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions
 use sample_controller::Foo;
 use sample_controller::api::constants::{CONTAINER_IMAGE, LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
 use sample_controller::api::deployment::desired_deployment;
+use sample_controller::api::leader_fence::{LeaderFence, LeaderFenceSpec};
 use sample_controller::api::shard::UNSHARDED;
-use sample_controller::leader::leader_fence::{LeaderFence, LeaderFenceSpec};
 use sample_controller::reconcile::decision::DeploymentPatch;
 use serde_json::json;
 

@@ -7,15 +7,17 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::*;
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 
 /// A running example, its stdout and stderr collected line by line.
 struct Example {
-    _child: Process,
+    child: Process,
     lines: Arc<Mutex<Vec<String>>>,
 }
 
@@ -44,7 +46,7 @@ fn run_example(name: &str, args: &[&str]) -> Example {
             }
         });
     }
-    Example { _child: child, lines }
+    Example { child, lines }
 }
 
 impl Example {
@@ -55,6 +57,12 @@ impl Example {
             (lines.iter().filter(|l| l.as_str() == line).count() >= count).then_some(())
         })
         .await;
+    }
+
+    /// Wait until a line starting with `prefix` is printed, within `within`.
+    async fn prints_starting(&self, prefix: &str, within: Duration) {
+        wait_until(&format!("a line starting {prefix:?}"), within, || async { (self.count(prefix) > 0).then_some(()) })
+            .await;
     }
 
     fn count(&self, prefix: &str) -> usize {
@@ -138,4 +146,30 @@ async fn pod_events_example_reports_add_update_and_delete_with_resource_versions
     ns.api::<Pod>().delete("watched", &DeleteParams::default()).await.unwrap();
     example.prints("Find a Pod delete event.", 1).await;
     assert_eq!(example.count("\tName: watched"), 2, "named in the add and the delete");
+}
+
+#[tokio::test]
+async fn pod_events_example_under_leader_election_reports_from_the_leader_alone_and_hands_over_on_sigterm() {
+    let ns = TestNamespace::new("example-pod-leader").await;
+    let elect = ["--namespace", ns.name.as_str(), "--leader-elect"];
+    let mut first = run_example("pod_events", &elect);
+    first.prints_starting("leading as ", TIMEOUT).await;
+    let second = run_example("pod_events", &elect);
+    create_gated_pod(&ns, "watched").await;
+    first.prints("\tName: watched", 1).await;
+    // Enough for the standby to have listed the Pod, had it been reporting.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!((second.count("leading as "), second.count("\tName: ")), (0, 0), "the standby reports nothing");
+
+    // SIGTERM: the leader releases the Lease, and the standby, watching it,
+    // takes it well within the 15 s lease duration it would wait otherwise.
+    let pid = first.child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    let exited = tokio::task::spawn_blocking(move || first.child.wait()).await.unwrap().unwrap();
+    assert!(exited.success(), "the leader exits cleanly on SIGTERM: {exited}");
+    second.prints_starting("leading as ", Duration::from_secs(8)).await;
+    second.prints("\tName: watched", 1).await;
+    let lease = ns.api::<Lease>().get("pod-events").await.unwrap();
+    let holder = lease.spec.and_then(|s| s.holder_identity).unwrap_or_default();
+    assert_eq!(second.count(&format!("leading as {holder}")), 1, "the Lease names the new leader");
 }

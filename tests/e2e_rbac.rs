@@ -20,11 +20,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube_lease_fence::Elector;
 use sample_controller::api::constants::LABEL_MANAGED_BY;
 use sample_controller::api::deployment::desired_deployment;
+use sample_controller::api::leader_fence::{LeaderFence, LeaderFenceSpec};
 use sample_controller::api::shard::UNSHARDED;
-use sample_controller::leader::leader_fence::LeaderFence;
-use sample_controller::leader::{Elector, LeaderConfig};
+use sample_controller::app::leader_config;
+use sample_controller::client::watch::Paced;
 use sample_controller::reconcile::error::{ApiAction, SyncError};
 use sample_controller::serve::metrics_auth::{Access, MetricsAuth};
 use sample_controller::{Foo, FooSpec};
@@ -498,15 +500,8 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // updates it, and a release names nobody (an update).
     let lease_name = account.name.clone();
     let candidate = |client: kube::Client, identity: &str| {
-        let lease = LeaderConfig {
-            lease_name: lease_name.clone(),
-            namespace: NS.into(),
-            identity: identity.into(),
-            lease_duration: CANDIDATE_LEASE,
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-        };
-        Elector::new(client, lease)
+        let timing = (CANDIDATE_LEASE, Duration::from_secs(10), Duration::from_secs(2));
+        Elector::with_watches(client, leader_config(lease_name.clone(), NS.into(), identity.into(), timing), Paced)
     };
     let mut leader = candidate(service_account_client(NS, &account.name).await, "rbac-test-leader");
     // A Lease of its own, new: taken at once.
@@ -725,7 +720,7 @@ async fn pod_of_another_deployment(name: &str) -> Pod {
 }
 
 /// What the replica in `pod` writes when it takes the lead
-/// (`leader::Elector`): the Lease, then its LeaderFence, both naming it.
+/// (kube-lease-fence's `Elector`): the Lease, then its LeaderFence, both naming it.
 async fn take_lead(client: &kube::Client, pod: &Pod) {
     let leases: Api<Lease> = Api::namespaced(client.clone(), DEPLOY_NS);
     let holder = format!("{}_{}", pod.name_any(), std::process::id());
@@ -744,7 +739,8 @@ async fn take_lead(client: &kube::Client, pod: &Pod) {
     let fences: Api<LeaderFence> = Api::namespaced(client.clone(), DEPLOY_NS);
     let current = fences.get_opt(DEPLOY_LEASE).await.unwrap();
     let existed = current.is_some();
-    let ours = LeaderFence::naming(current, DEPLOY_LEASE, Some(&holder));
+    let mut ours = current.unwrap_or_else(|| LeaderFence::new(DEPLOY_LEASE, LeaderFenceSpec::default()));
+    ours.spec.holder_identity = Some(holder.clone());
     let written = if existed {
         fences.replace(DEPLOY_LEASE, &PostParams::default(), &ours).await
     } else {

@@ -15,11 +15,11 @@ use kube::client::Body;
 use kube::core::PartialObjectMetaExt;
 use kube::runtime::controller::Action;
 use kube::{Api, Client};
+use kube_lease_fence::WriteGate;
 use sample_controller::Foo;
 use sample_controller::api::deployment::{DeploymentView, desired_deployment};
 use sample_controller::api::shard::{Shard, UNSHARDED};
 use sample_controller::app::start_adoption;
-use sample_controller::leader::Fence;
 use sample_controller::observe::metrics::Metrics;
 use sample_controller::reconcile::adoption::Adoption;
 use sample_controller::reconcile::decision::decide;
@@ -115,7 +115,7 @@ struct Mock {
     ctx: Arc<Context>,
     handle: ApiHandle,
     /// The context's fence, for each sync's Event publisher.
-    fence: Option<Arc<Fence>>,
+    fence: Option<Arc<WriteGate>>,
 }
 
 impl Mock {
@@ -131,7 +131,7 @@ impl Mock {
 
     /// Under leader election, with `fence`: adopting once it leads, as the
     /// operator starts the pass when it takes the Lease.
-    async fn fenced(foos: &[Foo], fence: Arc<Fence>) -> Self {
+    async fn fenced(foos: &[Foo], fence: Arc<WriteGate>) -> Self {
         Self::with(foos, &[], fence.holds(), Some(fence)).await
     }
 
@@ -140,7 +140,7 @@ impl Mock {
         Self::of_shard(&Shard::parse(shard).unwrap(), foos, &[], false, None).await
     }
 
-    async fn with(foos: &[Foo], deployments: &[Deployment], adopt: bool, fence: Option<Arc<Fence>>) -> Self {
+    async fn with(foos: &[Foo], deployments: &[Deployment], adopt: bool, fence: Option<Arc<WriteGate>>) -> Self {
         Self::of_shard(&Shard::all(), foos, deployments, adopt, fence).await
     }
 
@@ -149,7 +149,7 @@ impl Mock {
         foos: &[Foo],
         deployments: &[Deployment],
         adopt: bool,
-        fence: Option<Arc<Fence>>,
+        fence: Option<Arc<WriteGate>>,
     ) -> Self {
         let (service, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let client = Client::new(service, "default");
@@ -535,7 +535,7 @@ async fn a_standby_syncs_nothing() {
     // A replica that does not hold the Lease (its fence never held) keeps
     // its caches but makes no request for a Foo, not even a read.
     let foo = example_foo(1);
-    let mut mock = Mock::fenced(std::slice::from_ref(&foo), Arc::new(Fence::new())).await;
+    let mut mock = Mock::fenced(std::slice::from_ref(&foo), Arc::new(WriteGate::new())).await;
     mock.ctx.metrics.queue.added("default/example-foo".into());
     let action = mock.sync(&foo, vec![]).await.unwrap();
     assert_eq!(action, Action::await_change());
@@ -552,7 +552,7 @@ async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
     // follows — not the create, not the status (its queued events:
     // src/reconcile/events.rs).
     let foo = example_foo(1);
-    let fence = Arc::new(Fence::holding_for(Duration::from_millis(200)));
+    let fence = Arc::new(WriteGate::holding_for(Duration::from_millis(200)));
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence).await;
     let list =
         json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": null });
@@ -569,7 +569,7 @@ async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until
     // doubt, so the next sync of any Foo writes nothing and comes back later
     // instead of being dropped.
     let foo = example_foo(1);
-    let fence = Arc::new(Fence::holding_for(Duration::from_secs(10)));
+    let fence = Arc::new(WriteGate::holding_for(Duration::from_secs(10)));
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence.clone()).await;
     let list =
         json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": null });

@@ -5,8 +5,7 @@
 //! Other names live with what they name: the Foo schema's validation
 //! messages in [`crate::api::foo`], the client's field manager and
 //! User-Agent in [`crate::client`], metric names in
-//! [`crate::observe::metrics`] and [`crate::observe::workqueue`], the
-//! pod-name variable in [`crate::leader`].
+//! [`crate::observe::metrics`] and [`crate::observe::workqueue`].
 
 /// `reportingController` of emitted Events.
 pub const CONTROLLER_NAME: &str = "sample-controller";
@@ -83,3 +82,8 @@ pub const REASON_PROGRESSING: &str = "Progressing";
 /// '<name>' with binding '<name>' denied request: ..."), which is how the
 /// operator tells a refusal by the fence from any other.
 pub const FENCE_POLICY: &str = "sample-controller-leader-fence";
+
+/// The pod's name, set from the downward API in deploy/: the start of the
+/// Lease's holder identity, which the fence matches with the pod the
+/// request's token is bound to.
+pub const POD_NAME_ENV: &str = "POD_NAME";

@@ -64,6 +64,24 @@ impl Pacing {
     }
 }
 
+/// The watches of the leader elector (its Lease and its fence), paced as the
+/// caches' are.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Paced;
+
+impl kube_lease_fence::Watches for Paced {
+    fn watch<K>(
+        &self,
+        api: kube::Api<K>,
+        config: watcher::Config,
+    ) -> futures::stream::BoxStream<'static, watcher::Result<watcher::Event<K>>>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + Debug + Send + Sync + 'static,
+    {
+        watch(api, config).boxed()
+    }
+}
+
 /// A watch of `api` with `config`, paced by [`Pacing`]; errors are passed on
 /// (the controller logs them) after which the next try waits.
 pub fn watch<K>(

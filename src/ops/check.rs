@@ -24,7 +24,7 @@ use serde_json::Value;
 
 use crate::api::constants::FENCE_POLICY;
 use crate::api::foo::Foo;
-use crate::leader::leader_fence::LeaderFence;
+use crate::api::leader_fence::LeaderFence;
 
 /// The Kubernetes minors this release supports (docs/install.md, "Supported
 /// Kubernetes versions").

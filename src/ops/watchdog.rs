@@ -20,8 +20,8 @@ use tracing::error;
 
 use crate::api::foo::Foo;
 use crate::cache::{Caches, by_name};
-use crate::leader::Fence;
 use crate::observe::metrics::Metrics;
+use kube_lease_fence::WriteGate;
 
 /// How often the gauges are brought up to date: well within a scrape
 /// interval, and a pass over 100 000 cached Foos takes milliseconds.
@@ -85,7 +85,7 @@ fn never_synced_for(foo: &Foo, wall: Timestamp) -> Duration {
 /// Keep the gauges up to date until the returned task is aborted; with a
 /// `fence` (leader election), report a refusal that lasts past a lease
 /// duration, once each time it starts.
-pub fn spawn(caches: Caches, metrics: Arc<Metrics>, fence: Option<Arc<Fence>>) -> JoinHandle<()> {
+pub fn spawn(caches: Caches, metrics: Arc<Metrics>, fence: Option<Arc<WriteGate>>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut backlog = Backlog::default();
         let mut reported = false;

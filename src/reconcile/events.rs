@@ -38,9 +38,9 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::api::constants::{ACTION_RECONCILE, CONTROLLER_NAME};
-use crate::leader::{Fence, may_write};
 use crate::observe::workqueue::QueueMetrics;
 use crate::reconcile::decision::EventSpec;
+use kube_lease_fence::{WriteGate, may_write};
 
 /// Events waiting to be sent. client-go's broadcaster queues 1000 and drops
 /// the rest; at ten thousand new Foos at once (a restore, the benchmark's
@@ -82,7 +82,7 @@ impl Publisher {
     pub fn start(
         client: Client,
         instance: Option<String>,
-        fence: Option<Arc<Fence>>,
+        fence: Option<Arc<WriteGate>>,
         syncs: Arc<QueueMetrics>,
     ) -> Self {
         Self::start_remembering(client, instance, fence, syncs, REMEMBERED)
@@ -91,7 +91,7 @@ impl Publisher {
     fn start_remembering(
         client: Client,
         instance: Option<String>,
-        fence: Option<Arc<Fence>>,
+        fence: Option<Arc<WriteGate>>,
         syncs: Arc<QueueMetrics>,
         remembered: usize,
     ) -> Self {
@@ -402,7 +402,7 @@ mod tests {
     async fn an_event_waiting_its_turn_is_dropped_if_the_replica_stops_leading_meanwhile() {
         let syncs = one_worker_and_a_foo_due();
         let _busy = syncs.started("default/busy");
-        let fence = Arc::new(Fence::holding_for(Duration::from_secs(3600)));
+        let fence = Arc::new(WriteGate::holding_for(Duration::from_secs(3600)));
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
         let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence.clone()), syncs.clone());
         publisher.publish(synced(), foo("a"));
@@ -502,7 +502,7 @@ mod tests {
     #[tokio::test]
     async fn a_replica_past_its_renew_deadline_sends_none_of_its_queued_events() {
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let fence = Arc::new(Fence::new()); // never renewed: does not hold
+        let fence = Arc::new(WriteGate::new()); // never renewed: does not hold
         let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence), Arc::default());
         publisher.publish(synced(), foo("a"));
         let flushed = publisher.flush(Duration::from_secs(5));

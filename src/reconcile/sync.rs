@@ -28,13 +28,13 @@ use crate::api::wire::FooWire;
 use crate::cache::{Caches, by_name};
 use crate::client::retry::{BACKOFF_BASE, FIRST_RETRY, Failures, retry_delay};
 use crate::client::{apply_params, patch_params, post_params, send_streamed};
-use crate::leader::{Fence, may_write};
 use crate::observe::metrics::Metrics;
 use crate::observe::workqueue::queue_key;
 use crate::reconcile::adoption::Adoption;
 use crate::reconcile::decision::{DeploymentAction, Outcome, Plan, decide, not_adopted};
 use crate::reconcile::error::{ApiAction, SyncError as Error, SyncResult as Result};
 use crate::reconcile::events::Publisher;
+use kube_lease_fence::{WriteGate, may_write};
 
 /// Shared by all reconciles.
 pub struct Context {
@@ -45,7 +45,7 @@ pub struct Context {
     pub events: Publisher,
     pub metrics: Arc<Metrics>,
     /// Under leader election: whether this replica may still write.
-    pub(crate) fence: Option<Arc<Fence>>,
+    pub(crate) fence: Option<Arc<WriteGate>>,
     /// Consecutive failures per Foo, for the retry backoff.
     pub failures: Failures<Foo>,
     /// How long one sync may take (`--reconcile-timeout`).
@@ -64,7 +64,7 @@ impl Context {
         adoption: Arc<Adoption>,
         metrics: Arc<Metrics>,
         instance: Option<String>,
-        fence: Option<Arc<Fence>>,
+        fence: Option<Arc<WriteGate>>,
     ) -> Self {
         let events = Publisher::start(client.clone(), instance, fence.clone(), metrics.queue.clone());
         let failures = Failures::default();
@@ -100,7 +100,7 @@ impl Context {
 /// One sync of one Foo, timed and counted the way controller-runtime does.
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     let obj = ObjectRef::from_obj(&*foo);
-    if ctx.fence.as_deref().is_some_and(Fence::in_doubt) {
+    if ctx.fence.as_deref().is_some_and(WriteGate::in_doubt) {
         // The elector is checking the Lease after a refusal by the API
         // server's fence: come back once it has, without dropping the Foo.
         return Ok(Action::requeue(FIRST_RETRY));

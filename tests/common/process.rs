@@ -93,7 +93,7 @@ pub const LEASE: Duration = Duration::from_secs(5);
 /// How late after a Lease's expiry a standby may take it: the watch's
 /// delivery of the dead leader's last renewal, and the standby's one write.
 /// No retry period: the standby sleeps until the expiry itself, timed from
-/// when its watch showed that renewal (src/leader/mod.rs, `acquire`).
+/// when its watch showed that renewal (crates/kube-lease-fence/src/elector.rs, `acquire`).
 pub const EXPIRY_SLACK: Duration = Duration::from_secs(1);
 
 /// The operator's exit status once it has exited, within `bound`.

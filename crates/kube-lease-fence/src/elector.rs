@@ -1,0 +1,483 @@
+//! The Lease elector: takes, renews and releases the Lease.
+
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::{Stream, StreamExt};
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::runtime::watcher;
+use kube::{Client, ResourceExt};
+use tracing::{debug, info, warn};
+
+use crate::fence::Claim;
+use crate::gate::WriteGate;
+use crate::timing::{LeaseVerdict, lease_verdict};
+use crate::watch::{DefaultBackoff, Watches, states};
+
+/// The Lease contended for, the candidate's identity and timing, and the
+/// API server's fence.
+#[derive(Clone, Debug)]
+pub struct LeaderConfig {
+    /// The Lease's name; the fence's parameter object has the same name.
+    pub lease_name: String,
+    /// The namespace of the Lease and of the fence's parameter object.
+    pub namespace: String,
+    /// Unique per process: see [`default_identity`](crate::default_identity).
+    pub identity: String,
+    /// How long a standby waits, on its own clock, after the Lease last
+    /// changed before it takes it over (client-go's `LeaseDuration`).
+    pub lease_duration: Duration,
+    /// How long the leader keeps leading without a successful renewal
+    /// (client-go's `RenewDeadline`); shorter than the lease duration.
+    pub renew_deadline: Duration,
+    /// How often the leader renews (client-go's `RetryPeriod`).
+    pub retry_period: Duration,
+    /// The field manager of the elector's writes.
+    pub field_manager: String,
+    /// The custom resource the API server's fence reads the leader from
+    /// (its CRD and policy: the crate's README), or `None` for no fence.
+    pub fence: Option<ApiResource>,
+    /// The longest the user's writes wait between retries (a workqueue's
+    /// backoff cap): a refusal by the fence not repeated for longer than
+    /// this and a lease duration is over.
+    pub retry_cap: Duration,
+}
+
+/// Why leadership ended.
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum Lost {
+    /// Another candidate holds the Lease now.
+    #[error("{0} holds it now")]
+    TakenOver(String),
+    /// No renewal succeeded within the renew deadline.
+    #[error("no renewal succeeded within the renew deadline")]
+    RenewDeadline,
+}
+
+/// One candidate for the Lease, watching it through `W`.
+pub struct Elector<W: Watches = DefaultBackoff> {
+    api: Api<Lease>,
+    /// The API server's fence's parameter objects (`None`: no fence).
+    pub(crate) fences: Option<Api<DynamicObject>>,
+    /// The fence's object as this replica wrote it, naming it, since it last
+    /// took the Lease; `Pending` until then and after a refusal, when it
+    /// is read and written again.
+    pub(crate) claim: Claim,
+    /// A fence object was claimed since this replica took the Lease: one
+    /// missing now was deleted, not never installed.
+    pub(crate) claimed_once: bool,
+    pub(crate) cfg: LeaderConfig,
+    pub(crate) gate: Arc<WriteGate>,
+    pub(crate) watches: W,
+    /// The Lease as last written by us or reported by the watch: a write is
+    /// made from it, so it carries the resourceVersion that makes the write
+    /// conditional (no read before a write).
+    lease: Option<Lease>,
+    observed: Option<LeaseSeen>,
+}
+
+/// The last Lease record a candidate saw, and when it first saw it, on its
+/// own clock: a Lease expires when its record has not changed for the lease
+/// duration as the candidate measures it, never by comparing the holder's
+/// `renewTime` with the local clock (clock skew between nodes).
+#[derive(Clone, Debug, PartialEq)]
+struct LeaseSeen {
+    holder: Option<String>,
+    renew_time: Option<MicroTime>,
+    since: Instant,
+}
+
+impl Elector {
+    /// A candidate watching with kube-runtime's default backoff.
+    pub fn new(client: Client, cfg: LeaderConfig) -> Self {
+        Elector::with_watches(client, cfg, DefaultBackoff)
+    }
+}
+
+impl<W: Watches> Elector<W> {
+    /// A candidate whose watches `watches` opens and paces.
+    pub fn with_watches(client: Client, cfg: LeaderConfig, watches: W) -> Self {
+        let fences = cfg.fence.as_ref().map(|r| Api::namespaced_with(client.clone(), &cfg.namespace, r));
+        Elector {
+            api: Api::namespaced(client, &cfg.namespace),
+            fences,
+            claim: Claim::Pending,
+            claimed_once: false,
+            gate: Arc::new(WriteGate::for_lease(cfg.lease_duration, cfg.retry_cap)),
+            watches,
+            cfg,
+            lease: None,
+            observed: None,
+        }
+    }
+
+    fn post_params(&self) -> PostParams {
+        PostParams { field_manager: Some(self.cfg.field_manager.clone()), ..PostParams::default() }
+    }
+
+    /// The name of the Lease contended for.
+    pub fn lease_name(&self) -> &str {
+        &self.cfg.lease_name
+    }
+
+    /// The write gate this elector keeps up to date while it leads.
+    pub fn gate(&self) -> Arc<WriteGate> {
+        self.gate.clone()
+    }
+
+    /// Wait until this candidate holds the Lease. A standby reads nothing:
+    /// it watches the Lease and times its expiry on its own clock, so
+    /// waiting costs no request beyond the watch's.
+    pub async fn acquire(&mut self) {
+        let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
+        let mut changes = pin!(lease_states(&self.watches, self.api.clone(), wc));
+        info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "waiting to lead");
+        // Nothing is known until the watch's first list.
+        let mut wait = None;
+        loop {
+            tokio::select! {
+                state = changes.next() => match state {
+                    Some(lease) => self.saw(lease),
+                    // The watcher retries for ever; it never ends.
+                    None => return std::future::pending().await,
+                },
+                _ = sleep_or_pending(wait) => {}
+            }
+            let attempt = Instant::now();
+            wait = match self.try_acquire().await {
+                Ok(Attempt::Won) => {
+                    self.start_claim();
+                    self.renewed_and_claimed(attempt).await;
+                    info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "leading");
+                    return;
+                }
+                // Wake when it expires, or earlier if the watch reports a
+                // change (a release above all).
+                Ok(Attempt::HeldFor(left)) => Some(left),
+                // Lost a race: the watch brings the winner's record.
+                Ok(Attempt::Lost) => Some(self.cfg.retry_period),
+                Err(e) => {
+                    warn!(lease = %self.cfg.lease_name, error = %e, "cannot acquire lease");
+                    Some(self.cfg.retry_period)
+                }
+            };
+        }
+    }
+
+    /// Renew the Lease until leadership is lost. Never returns while leading.
+    pub async fn hold(&mut self) -> Lost {
+        let mut last_renew = Instant::now();
+        let mut last_attempt = last_renew;
+        let mut fence_changes = self.fence_changes();
+        loop {
+            tokio::select! {
+                () = self.until_next_attempt(last_attempt) => {}
+                Some(seen) = fence_changes.next() => {
+                    self.saw_fence(seen);
+                    continue;
+                }
+            }
+            let attempt = Instant::now();
+            last_attempt = attempt;
+            // A refusal may come from a LeaderFence that names someone
+            // else (edited, or written by a deposed leader that resumed):
+            // read and claim it again after this renewal.
+            if self.gate.in_doubt() {
+                self.start_claim();
+            }
+            let left = self.cfg.renew_deadline.saturating_sub(attempt - last_renew);
+            match tokio::time::timeout(left, self.renew()).await {
+                Ok(Ok(Renewal::Renewed)) => {
+                    last_renew = attempt;
+                    self.renewed_and_claimed(attempt).await;
+                }
+                Ok(Ok(Renewal::Changed)) => {
+                    info!(lease = %self.cfg.lease_name, "lease changed under its leader; renewing from the current copy")
+                }
+                Ok(Ok(Renewal::TakenOver(holder))) => return Lost::TakenOver(holder),
+                Ok(Err(e)) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot renew lease"),
+                Err(_) => warn!(lease = %self.cfg.lease_name, "lease renewal timed out"),
+            }
+            if last_renew.elapsed() >= self.cfg.renew_deadline {
+                return Lost::RenewDeadline;
+            }
+        }
+    }
+
+    /// A retry period after the last attempt, or sooner when the fence is
+    /// in doubt: then half a retry period after it, at the soonest, so that
+    /// a fence refusing every write (a misconfigured policy) costs at most
+    /// two renewals a retry period, not one per refusal. A wake-up left from
+    /// a doubt that the last renewal already settled is ignored.
+    async fn until_next_attempt(&self, last_attempt: Instant) {
+        let mut regular = pin!(tokio::time::sleep_until((last_attempt + self.cfg.retry_period).into()));
+        loop {
+            tokio::select! {
+                _ = &mut regular => return,
+                _ = self.gate.check_now.notified() => if self.gate.in_doubt() {
+                    info!(lease = %self.cfg.lease_name, "the API server refused a write as not the Lease holder's; checking the Lease");
+                    tokio::time::sleep_until((last_attempt + self.cfg.retry_period / 2).into()).await;
+                    return;
+                },
+            }
+        }
+    }
+
+    /// Give the Lease up so a standby can take over at once: one write from
+    /// our last one, as client-go's (no holder, a 1 s duration). Errors are
+    /// logged, as the Lease expires anyway.
+    pub async fn release(&mut self) {
+        // Nothing of this replica writes once the Lease may be someone
+        // else's: not a sync still running after a forced shutdown.
+        self.gate.revoke();
+        // The LeaderFence first: cleared after the Lease, it could race the
+        // next leader's claim and cost it a retry period.
+        self.release_fence().await;
+        let Some(mut lease) = self.lease.clone().filter(|l| holder(l).as_deref() == Some(&self.cfg.identity)) else {
+            debug!(lease = %self.cfg.lease_name, "lease not ours; nothing to release");
+            return;
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match self.api.replace(&self.cfg.lease_name, &self.post_params(), &lease).await {
+            Ok(_) => info!(lease = %self.cfg.lease_name, "lease released"),
+            Err(e) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot release lease; it will expire"),
+        }
+    }
+
+    /// What the watch reports: the Lease as it is now (`None`: there is none).
+    fn saw(&mut self, lease: Option<Lease>) {
+        if let Some(l) = &lease {
+            self.observe(&holder(l), &l.spec.as_ref().and_then(|s| s.renew_time.clone()));
+        }
+        self.lease = lease;
+    }
+
+    /// One write, if the rule says the Lease is ours to take: created if
+    /// there is none, else replaced from the watched copy. Its
+    /// resourceVersion makes the write fail with Conflict if anyone wrote
+    /// the Lease since, so two candidates never both win.
+    async fn try_acquire(&mut self) -> Result<Attempt, kube::Error> {
+        let Some(current) = self.lease.clone() else {
+            return match self.api.create(&self.post_params(), &self.record(None)).await {
+                Ok(created) => self.won(created),
+                Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(Attempt::Lost),
+                Err(e) => Err(e),
+            };
+        };
+        match lease_verdict(
+            holder(&current).as_deref(),
+            &self.cfg.identity,
+            self.unchanged_for(),
+            self.cfg.lease_duration,
+        ) {
+            LeaseVerdict::Wait(left) => {
+                debug!(lease = %current.name_any(), holder = ?holder(&current), "lease held by another candidate");
+                Ok(Attempt::HeldFor(left))
+            }
+            LeaseVerdict::Renew | LeaseVerdict::Acquire => {
+                match self.api.replace(&self.cfg.lease_name, &self.post_params(), &self.record(Some(current))).await {
+                    Ok(written) => self.won(written),
+                    Err(kube::Error::Api(s)) if s.is_conflict() => Ok(Attempt::Lost),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    fn won(&mut self, written: Lease) -> Result<Attempt, kube::Error> {
+        self.lease = Some(written);
+        Ok(Attempt::Won)
+    }
+
+    /// One renewal, from the Lease as we last wrote it. Only a conflict
+    /// (someone wrote the Lease since, which a leader never expects) costs a
+    /// read.
+    async fn renew(&mut self) -> Result<Renewal, kube::Error> {
+        let ours = self.lease.clone();
+        match self.api.replace(&self.cfg.lease_name, &self.post_params(), &self.record(ours)).await {
+            Ok(written) => {
+                self.lease = Some(written);
+                return Ok(Renewal::Renewed);
+            }
+            Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
+            Err(e) => return Err(e),
+        }
+        let current = self.api.get_opt(&self.cfg.lease_name).await?;
+        let held_by = current.as_ref().and_then(holder);
+        if held_by.as_deref() == Some(&self.cfg.identity) {
+            self.lease = current;
+            return Ok(Renewal::Changed);
+        }
+        Ok(Renewal::TakenOver(held_by.unwrap_or_default()))
+    }
+
+    /// The Lease record with us as its holder, renewed now: `current` as read (or
+    /// last written), or a new one.
+    ///
+    /// As client-go counts `leaseTransitions`: every acquisition of an
+    /// existing Lease by a new holder, a released one included.
+    pub(crate) fn record(&self, current: Option<Lease>) -> Lease {
+        let now = MicroTime(Timestamp::now());
+        let existed = current.is_some();
+        let mut lease = current.unwrap_or_else(|| Lease {
+            metadata: ObjectMeta {
+                name: Some(self.cfg.lease_name.clone()),
+                namespace: Some(self.cfg.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec::default()),
+        });
+        let previous = holder(&lease);
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if previous.as_deref() != Some(&self.cfg.identity) {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + i32::from(existed));
+        }
+        spec.holder_identity = Some(self.cfg.identity.clone());
+        spec.lease_duration_seconds = Some(i32::try_from(self.cfg.lease_duration.as_secs().max(1)).unwrap_or(i32::MAX));
+        spec.renew_time = Some(now);
+        lease
+    }
+
+    /// How long the Lease record has been the same, on our clock.
+    fn unchanged_for(&self) -> Duration {
+        self.observed.as_ref().map_or(Duration::ZERO, |o| o.since.elapsed())
+    }
+
+    /// Remember when the Lease record last changed, on our clock.
+    fn observe(&mut self, holder: &Option<String>, renew: &Option<MicroTime>) {
+        let changed = self.observed.as_ref().is_none_or(|o| o.holder != *holder || o.renew_time != *renew);
+        if changed {
+            self.observed =
+                Some(LeaseSeen { holder: holder.clone(), renew_time: renew.clone(), since: Instant::now() });
+        }
+    }
+}
+
+/// How an attempt to take the Lease went.
+#[derive(Debug, PartialEq)]
+enum Attempt {
+    Won,
+    /// Someone else holds it; it expires after this long, unless renewed.
+    HeldFor(Duration),
+    /// Someone else wrote it first.
+    Lost,
+}
+
+/// How a renewal went.
+#[derive(Debug, PartialEq)]
+enum Renewal {
+    Renewed,
+    /// Still ours, but written by someone else (a label edited, say): the
+    /// next renewal starts from the copy just read.
+    Changed,
+    /// Someone else holds it now (empty: nobody).
+    TakenOver(String),
+}
+
+/// The holder a Lease names; empty (released) counts as none.
+fn holder(lease: &Lease) -> Option<String> {
+    lease.spec.as_ref()?.holder_identity.clone().filter(|h| !h.is_empty())
+}
+
+async fn sleep_or_pending(wait: Option<Duration>) {
+    match wait {
+        Some(d) => tokio::time::sleep(d).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The Lease as the watch sees it ([`states`]); errors only logged.
+fn lease_states<W: Watches>(
+    watches: &W,
+    api: Api<Lease>,
+    wc: watcher::Config,
+) -> impl Stream<Item = Option<Lease>> + use<W> {
+    states(watches, api, wc)
+        .filter_map(|state| std::future::ready(state.inspect_err(|e| debug!(error = %e, "lease watch")).ok()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::test_support::{config, dummy_client};
+
+    #[tokio::test]
+    async fn expiry_is_timed_on_our_clock_whatever_the_holders_clock_says() {
+        // A holder whose clock is an hour behind (or ahead) writes a renewTime
+        // far from ours: what counts is when we saw the record change.
+        for skew in [-3600, 3600] {
+            let mut e = Elector::new(dummy_client(), config("me"));
+            let renew =
+                MicroTime(Timestamp::now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(skew)).unwrap());
+            e.observe(&Some("other".into()), &Some(renew.clone()));
+            assert!(e.unchanged_for() < Duration::from_secs(1), "skew {skew}: a record just seen is fresh");
+            // The same record seen again: unchanged, its time keeps running.
+            let first = e.observed.clone().unwrap().since;
+            e.observe(&Some("other".into()), &Some(renew));
+            assert_eq!(e.observed.as_ref().unwrap().since, first);
+        }
+    }
+
+    fn spec(lease: &Lease) -> LeaseSpec {
+        lease.spec.clone().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_lease_record_names_the_lease_and_counts_a_transition_on_each_change_of_holder() {
+        let e = Elector::new(dummy_client(), config("me"));
+        let new = e.record(None);
+        assert_eq!((new.metadata.name.as_deref(), new.metadata.namespace.as_deref()), (Some("l"), Some("ns")));
+        let first = spec(&new);
+        assert_eq!(first.holder_identity.as_deref(), Some("me"));
+        assert_eq!(first.lease_duration_seconds, Some(15));
+        assert_eq!(first.lease_transitions, Some(0), "a new Lease has had no transitions");
+        assert_eq!(first.acquire_time, first.renew_time);
+
+        let renewed = spec(&e.record(Some(new.clone())));
+        assert_eq!((renewed.lease_transitions, &renewed.acquire_time), (Some(0), &first.acquire_time), "a renewal");
+
+        let mut theirs = new;
+        theirs.spec.as_mut().unwrap().holder_identity = Some("other".into());
+        let taken = spec(&e.record(Some(theirs.clone())));
+        assert_eq!(taken.lease_transitions, Some(1), "taken from someone else");
+        theirs.spec.as_mut().unwrap().holder_identity = None;
+        let released = spec(&e.record(Some(theirs)));
+        assert_eq!(released.lease_transitions, Some(1), "a released Lease taken: a transition, as client-go counts");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_wakes_the_elector_early_but_no_sooner_than_half_a_retry_period() {
+        let e = Elector::new(dummy_client(), config("me"));
+        let waited = |doubt: bool| {
+            let (fence, e) = (e.gate(), &e);
+            async move {
+                let t0 = tokio::time::Instant::now();
+                let start = t0.into_std();
+                if doubt {
+                    fence.doubt();
+                }
+                e.until_next_attempt(start).await;
+                t0.elapsed()
+            }
+        };
+        // Timers fire on the millisecond after their deadline.
+        let about = |secs: u64| Duration::from_secs(secs)..Duration::from_secs(secs) + Duration::from_millis(10);
+        assert!(about(2).contains(&waited(false).await), "a retry period");
+        assert!(about(1).contains(&waited(true).await), "half of it, after a refusal");
+        // A doubt wakes the elector once: no permit is left for the next wait.
+        assert!(about(2).contains(&waited(false).await), "no stale wake-up");
+        // A doubt settled by a renewal in flight leaves a wake-up behind,
+        // which the next wait ignores.
+        e.gate.doubt();
+        e.gate.renewed(Instant::now(), Duration::from_secs(10));
+        assert!(about(2).contains(&waited(false).await), "a settled doubt wakes no early renewal");
+    }
+}

@@ -1,0 +1,55 @@
+//! `LeaderFence`, `samplecontroller.k8s.io/v1alpha1`: the parameter of the
+//! API server's leader fence (deploy/11-leader-fence-policy.yaml). One per
+//! Lease, of the Lease's name and namespace; it names the replica that
+//! leads. The Lease stays the election's lock; a replica that takes it
+//! writes its identity here once, conditionally on the resourceVersion it
+//! read, before its first write as the leader (kube-lease-fence's
+//! `Elector`, which is given this resource's kind; crdgen prints its CRD).
+//!
+//! Why not the Lease itself: the API server reads a built-in parameter kind
+//! through its shared informer, which it stops for good once no binding
+//! names that kind for one policy refresh (Kubernetes issue 130887); a
+//! `kubectl delete -f deploy/` and apply again then froze the fence's view
+//! of the Lease until kube-apiserver restarted. A parameter kind of a CRD is
+//! read through an informer of its own, started again with each binding.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// Who leads, as the API server's leader fence reads it.
+// clippy reads the repeated `type_` of the printcolumns as duplicates.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Deserialize, Serialize, Clone, Debug, PartialEq, Default, JsonSchema)]
+#[kube(
+    group = "samplecontroller.k8s.io",
+    version = "v1alpha1",
+    kind = "LeaderFence",
+    plural = "leaderfences",
+    namespaced,
+    derive = "PartialEq",
+    derive = "Default",
+    // As the Foo CRD: *.k8s.io groups are protected. (The same text as
+    // src/foo.rs's: kube-derive takes string literals only, not a const.)
+    annotation(
+        "api-approved.kubernetes.io",
+        "unapproved, experimental-only; please get an approval from Kubernetes API reviewers if you're trying to develop a CRD in the *.k8s.io or *.kubernetes.io groups"
+    ),
+    doc = "Names the replica that holds the Lease of this name, for the API server's leader fence. Written by the operator's leader; not to be edited by hand.",
+    printcolumn(name = "Holder", type_ = "string", json_path = ".spec.holderIdentity"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct LeaderFenceSpec {
+    /// The Lease holder identity of the replica that leads: its pod's name,
+    /// "_", a per-process suffix. Unset once it has released the Lease.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_identity: Option<String>,
+}
+
+impl LeaderFence {
+    /// The holder it names; empty counts as none.
+    pub fn holder(&self) -> Option<&str> {
+        self.spec.holder_identity.as_deref().filter(|h| !h.is_empty())
+    }
+}
