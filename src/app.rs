@@ -28,7 +28,7 @@ use crate::ops::check;
 use crate::ops::cli::{Cli, Command};
 use crate::ops::watchdog;
 use crate::reconcile::adoption::{Adoption, CachedFoo};
-use crate::reconcile::sync::Context;
+use crate::reconcile::context::Context;
 use crate::serve::http::{self, BindError, Readiness};
 use crate::serve::metrics_auth::MetricsAuth;
 use crate::serve::tls::{self, TlsError};

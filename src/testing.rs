@@ -14,7 +14,8 @@
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::api::deployment::{DeploymentView, desired_deployment};
+use crate::api::deployment::desired_deployment;
+use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::{Foo, FooSpec};
 use crate::api::shard::UNSHARDED;
 

@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
 use sample_controller::api::constants::FENCE_POLICY;
 use sample_controller::api::constants::POD_NAME_ENV;
-use sample_controller::api::deployment::DeploymentView;
+use sample_controller::api::deployment_view::DeploymentView;
 use sample_controller::api::leader_fence::{LeaderFence, LeaderFenceSpec};
 use sample_controller::api::shard::UNSHARDED;
 use sample_controller::client::USER_AGENT;

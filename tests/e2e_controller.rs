@@ -283,7 +283,7 @@ async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overw
         async move {
             let caches = caches_holding(std::slice::from_ref(&foo), &cached).await;
             let ctx = context(client, caches, metrics);
-            sample_controller::reconcile::sync::reconcile(std::sync::Arc::new(foo), ctx).await
+            sample_controller::reconcile::guard::reconcile(std::sync::Arc::new(foo), ctx).await
         }
     };
     let foos: Api<Foo> = ns.api();

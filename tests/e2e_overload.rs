@@ -16,7 +16,7 @@ use kube::api::{Api, Patch, PatchParams};
 use sample_controller::Foo;
 use sample_controller::api::constants::CONDITION_READY;
 use sample_controller::observe::metrics::Metrics;
-use sample_controller::reconcile::sync::reconcile;
+use sample_controller::reconcile::guard::reconcile;
 use serde_json::json;
 
 /// How long each fault lasts here (the benchmark holds one for a minute).

@@ -20,17 +20,8 @@ use std::path::{Path, PathBuf};
 
 /// Top down: the process, the operator's tools, the controller's wiring, a
 /// sync, the caches, the Foo API; then the machinery.
-const LAYERS: &[&[&str]] = &[
-    &["app"],
-    &["ops"],
-    &["controller"],
-    &["reconcile"],
-    &["cache"],
-    &["api"],
-    &["serve"],
-    &["client"],
-    &["observe"],
-];
+const LAYERS: &[&[&str]] =
+    &[&["app"], &["ops"], &["controller"], &["reconcile"], &["cache"], &["api"], &["serve"], &["client"], &["observe"]];
 
 /// The folder of the Foo's own types: the layers below it never see a Foo.
 const FOO: &str = "api";
@@ -223,4 +214,35 @@ fn an_upward_import_a_same_layer_import_and_an_unplaced_folder_are_each_reported
             "serve/http.rs uses newcomer, which is in no layer",
         ]
     );
+}
+
+/// Lines of `code` before its tests (`#[cfg(test)] mod tests`, which closes
+/// a file).
+fn lines_before_tests(code: &str) -> usize {
+    code.lines().take_while(|line| line.trim() != "#[cfg(test)]").count()
+}
+
+#[test]
+fn the_reading_path_of_design_md_is_five_files_of_about_a_thousand_lines_as_it_says() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let design = std::fs::read_to_string(root.join("docs/design.md")).unwrap();
+    let section = &design[design.find("## Reading the code").unwrap()..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |end| end + 3)];
+    // The numbered list: "1. `src/...`: ...".
+    let files: Vec<&str> = section
+        .lines()
+        .filter_map(|line| line.split_once(". `").filter(|(n, _)| n.parse::<u32>().is_ok()))
+        .filter_map(|(_, rest)| rest.split_once('`').map(|(path, _)| path))
+        .collect();
+    assert!((1..=5).contains(&files.len()), "at most five files to read: {files:?}");
+    let counted: usize =
+        files.iter().map(|f| lines_before_tests(&std::fs::read_to_string(root.join(f)).unwrap())).sum();
+    let stated: usize = section
+        .split("five files and\n")
+        .nth(1)
+        .and_then(|rest| rest.split(" lines").next())
+        .map(|n| n.replace(' ', "").parse().unwrap())
+        .expect("design.md states the path's lines: \"in five files and N lines\"");
+    assert!(counted <= 1_150, "the reading path grew to {counted} lines ({files:?}): about a thousand is its aim");
+    assert!(counted.abs_diff(stated) <= 50, "design.md says {stated} lines; the files hold {counted}: {files:?}");
 }

@@ -17,15 +17,17 @@ use kube::runtime::controller::Action;
 use kube::{Api, Client};
 use kube_lease_fence::WriteGate;
 use sample_controller::Foo;
-use sample_controller::api::deployment::{DeploymentView, desired_deployment};
+use sample_controller::api::deployment::desired_deployment;
+use sample_controller::api::deployment_view::DeploymentView;
 use sample_controller::api::shard::{Shard, UNSHARDED};
 use sample_controller::app::start_adoption;
 use sample_controller::observe::metrics::Metrics;
 use sample_controller::reconcile::adoption::Adoption;
+use sample_controller::reconcile::context::Context;
 use sample_controller::reconcile::decision::decide;
 use sample_controller::reconcile::error::{ApiAction, SyncError as Error};
 use sample_controller::reconcile::events::Publisher;
-use sample_controller::reconcile::sync::{Context, error_policy, reconcile};
+use sample_controller::reconcile::guard::{error_policy, reconcile};
 use sample_controller::testing::{DeploymentFixture, FooFixture, metric_value};
 use serde_json::{Value, json};
 use tower_test::mock::{Handle, SendResponse};
@@ -550,7 +552,7 @@ async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
     // The fence holds when the sync starts and lapses while it waits for the
     // API server (as a leader paused mid-sync finds on resuming): no write
     // follows — not the create, not the status (its queued events:
-    // src/reconcile/events.rs).
+    // src/reconcile/events/mod.rs).
     let foo = example_foo(1);
     let fence = Arc::new(WriteGate::holding_for(Duration::from_millis(200)));
     let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence).await;

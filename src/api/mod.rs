@@ -5,6 +5,7 @@
 
 pub mod constants;
 pub mod deployment;
+pub mod deployment_view;
 pub mod foo;
 pub mod leader_fence;
 pub mod shard;

@@ -7,7 +7,7 @@
 //! skips those fields as it parses them, without building them.
 //!
 //! [`FooWire`] is a Foo as the Foo watch and the status write read it;
-//! [`crate::api::deployment::DeploymentView`]'s metadata is read by
+//! [`crate::api::deployment_view::DeploymentView`]'s metadata is read by
 //! [`metadata`] too.
 
 use std::borrow::Cow;

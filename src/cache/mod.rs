@@ -47,7 +47,7 @@ use kube::runtime::{WatchStreamExt, reflector::reflector};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::api::deployment::DeploymentView;
+use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
 use crate::api::shard::Shard;
 use index::{ByController, controller_uid};

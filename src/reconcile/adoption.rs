@@ -41,7 +41,8 @@ use serde::Deserialize;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::api::deployment::{DeploymentView, controlling_foo, has_managed_label, unmanaged_selector};
+use crate::api::deployment::{controlling_foo, has_managed_label, unmanaged_selector};
+use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
 use crate::api::shard::FollowedLabels;
 use crate::client::{patch_params, send_streamed};

@@ -13,7 +13,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::{Resource, ResourceExt};
 
 use crate::api::constants::*;
-use crate::api::deployment::{DeploymentView, desired_deployment, is_controlled_by};
+use crate::api::deployment::{desired_deployment, is_controlled_by};
+use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::{Foo, FooStatus};
 use crate::api::shard::FollowedLabels;
 
@@ -635,7 +636,7 @@ mod tests {
 #[cfg(test)]
 mod properties {
     use super::*;
-    use crate::api::deployment::{ViewSpec, ViewStatus};
+    use crate::api::deployment_view::{ViewSpec, ViewStatus};
     use crate::api::shard::UNSHARDED;
     use crate::testing::FooFixture;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};

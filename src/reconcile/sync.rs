@@ -1,15 +1,11 @@
 //! Carrying out one sync: read the caches, ask [`decide`] what to do, make
-//! the plan's writes, publish its events; and when a failed one runs again
-//! ([`error_policy`]). The only decisions here are about requests: a create
+//! the plan's writes, publish its events (its safety nets, deadline, panics
+//! and retries: [`crate::reconcile::guard`]). The only decisions here are
+//! about requests: a create
 //! that finds the name taken reads the Deployment once and asks `decide`
 //! again; a delete or status write whose object is already gone is done.
 
-use std::any::Any;
-use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use futures::FutureExt;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -17,74 +13,25 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{DeleteParams, ListParams, Patch, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
-use kube::{Api, Client, Resource, ResourceExt};
-use tracing::{error, info, warn};
+use kube::{Api, Resource, ResourceExt};
+use tracing::{info, warn};
 
 use crate::api::constants::*;
-use crate::api::deployment::{DeploymentView, is_controlled_by};
+use crate::api::deployment::is_controlled_by;
+use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
 use crate::api::shard::FollowedLabels;
 use crate::api::wire::FooWire;
-use crate::cache::{Caches, by_name};
-use crate::client::retry::{BACKOFF_BASE, FIRST_RETRY, Failures, retry_delay};
+use crate::cache::by_name;
+use crate::client::retry::BACKOFF_BASE;
 use crate::client::{apply_params, patch_params, post_params, send_streamed};
-use crate::observe::metrics::Metrics;
 use crate::observe::workqueue::queue_key;
-use crate::reconcile::adoption::Adoption;
+use crate::reconcile::context::Context;
 use crate::reconcile::decision::{DeploymentAction, Outcome, Plan, decide, not_adopted};
 use crate::reconcile::error::{ApiAction, SyncError as Error, SyncResult as Result};
-use crate::reconcile::events::Publisher;
-use kube_lease_fence::{WriteGate, may_write};
-
-/// Shared by all reconciles.
-pub struct Context {
-    pub client: Client,
-    pub caches: Caches,
-    /// The adoption pass, which the first syncs wait for.
-    pub adoption: Arc<Adoption>,
-    pub events: Publisher,
-    pub metrics: Arc<Metrics>,
-    /// Under leader election: whether this replica may still write.
-    pub(crate) fence: Option<Arc<WriteGate>>,
-    /// Consecutive failures per Foo, for the retry backoff.
-    pub failures: Failures<Foo>,
-    /// How long one sync may take (`--reconcile-timeout`).
-    pub reconcile_timeout: Duration,
-}
-
-/// `--reconcile-timeout`'s default, [`Context::new`]'s too.
-pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
+use kube_lease_fence::may_write;
 
 impl Context {
-    /// `instance` is the Events' `reportingInstance`; a `fence`, under
-    /// leader election, is checked before every write.
-    pub fn new(
-        client: Client,
-        caches: Caches,
-        adoption: Arc<Adoption>,
-        metrics: Arc<Metrics>,
-        instance: Option<String>,
-        fence: Option<Arc<WriteGate>>,
-    ) -> Self {
-        let events = Publisher::start(client.clone(), instance, fence.clone(), metrics.queue.clone());
-        let failures = Failures::default();
-        Context {
-            client,
-            caches,
-            adoption,
-            events,
-            metrics,
-            fence,
-            failures,
-            reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
-        }
-    }
-
-    /// This context with syncs abandoned after `deadline`.
-    pub fn with_reconcile_timeout(self, deadline: Duration) -> Self {
-        Context { reconcile_timeout: deadline, ..self }
-    }
-
     /// `Err` once this replica may no longer write as the leader, or while
     /// a refusal by the API server's fence is being checked.
     fn may_write(&self, target: &Target) -> Result<()> {
@@ -95,91 +42,6 @@ impl Context {
             _ => Ok(()),
         }
     }
-}
-
-/// One sync of one Foo, timed and counted the way controller-runtime does.
-pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
-    let obj = ObjectRef::from_obj(&*foo);
-    if ctx.fence.as_deref().is_some_and(WriteGate::in_doubt) {
-        // The elector is checking the Lease after a refusal by the API
-        // server's fence: come back once it has, without dropping the Foo.
-        return Ok(Action::requeue(FIRST_RETRY));
-    }
-    if !may_write(ctx.fence.as_deref()) {
-        // A standby (or a leader past its renew deadline): nothing to do
-        // until it takes the Lease, which syncs every Foo. What triggered
-        // this is no work waiting, so the queue metrics do not count it.
-        ctx.metrics.queue.forget(&queue_key(&obj));
-        return Ok(Action::await_change());
-    }
-    let _active = ctx.metrics.worker_started();
-    let _working = ctx.metrics.queue.started(&queue_key(&obj));
-    let started = Instant::now();
-    let result = guarded(sync(foo, &ctx), &queue_key(&obj), &ctx).await;
-    ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref());
-    match &result {
-        Ok(_) => ctx.failures.reset(&obj),
-        Err(e) if e.is_terminal() => ctx.metrics.count_terminal(),
-        Err(_) => {}
-    }
-    result
-}
-
-/// `sync` within the context's deadline, a panic in it caught: a sync that
-/// hangs or panics fails alone, and is retried like any failed sync, as
-/// controller-runtime does (`ReconciliationTimeout`, `RecoverPanic`).
-/// Without this a request never answered would hold its Foo for good (the
-/// client sets no read timeout), and a panic would end the controller's
-/// stream, every Foo with it.
-async fn guarded(sync: impl Future<Output = Result<Action>>, foo: &str, ctx: &Context) -> Result<Action> {
-    let deadline = ctx.reconcile_timeout;
-    match tokio::time::timeout(deadline, AssertUnwindSafe(sync).catch_unwind()).await {
-        Ok(Ok(result)) => result,
-        Ok(Err(panic)) => {
-            ctx.metrics.count_panic();
-            Err(Error::Panicked { foo: foo.to_owned(), message: panic_message(panic.as_ref()) })
-        }
-        Err(_) => {
-            ctx.metrics.count_timeout();
-            Err(Error::TimedOut { foo: foo.to_owned(), after: deadline })
-        }
-    }
-}
-
-/// What `panic!` was given, when it was text (it almost always is).
-fn panic_message(panic: &(dyn Any + Send)) -> String {
-    match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
-        (Some(text), _) => (*text).to_owned(),
-        (_, Some(text)) => text.clone(),
-        _ => "(a panic with no message)".to_owned(),
-    }
-}
-
-/// Retry a failed sync after a per-Foo exponential backoff, no sooner than
-/// a second when the API server failed it or its leader fence refused it.
-pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
-    let obj = ObjectRef::from_obj(&*foo);
-    let backoff = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
-    let delay = retry_delay(backoff, err.retries_slowly());
-    ctx.metrics.queue.retried(queue_key(&obj), delay);
-    match err {
-        Error::ResourceExists { .. } => warn!(error = %err, retry_in = ?delay, "sync refused"),
-        Error::FenceInDoubt { .. } => info!(error = %err, retry_in = ?delay, "sync held"),
-        // Stop writing and let the elector decide: it renews (the policy's
-        // view of the Lease lagged) or finds the Lease taken (we exit).
-        e if e.is_fence_refusal() => {
-            if let Some(fence) = &ctx.fence {
-                fence.doubt();
-            }
-            warn!(error = %err, retry_in = ?delay, "write refused by the API server's leader fence");
-        }
-        // Our cached copy was behind; the retry reads the newer one.
-        e if e.is_conflict() => info!(error = %err, retry_in = ?delay, "object changed since cached; retrying"),
-        Error::TimedOut { .. } => error!(error = %err, retry_in = ?delay, "sync timed out"),
-        Error::Panicked { .. } => error!(error = %err, retry_in = ?delay, "sync panicked"),
-        _ => error!(error = %err, retry_in = ?delay, "sync failed"),
-    }
-    Action::requeue(delay)
 }
 
 /// Which Foo a sync is about, worked out once.
@@ -213,7 +75,7 @@ pub const PANICS_IN_SYNC: &str = "test-panics-in-sync-";
 /// create its Deployment (refusing one the Foo does not control), match its
 /// replicas, write the Foo's status, record the Event. [`decide`] makes
 /// every choice; this makes the writes. An in-sync Foo makes no request.
-async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
+pub(crate) async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     // The Foo: the cache's copy, or what the API server returned to our
     // last status write if the cache has not seen it yet.
     let foo = ctx.caches.foos.latest(foo);

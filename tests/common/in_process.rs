@@ -9,14 +9,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config};
 use sample_controller::Foo;
-use sample_controller::api::deployment::DeploymentView;
+use sample_controller::api::deployment_view::DeploymentView;
 use sample_controller::api::shard::Shard;
 use sample_controller::app::start_adoption;
 use sample_controller::cache::{Cache, Caches, trim_deployment, trim_foo};
 use sample_controller::controller::{self, Settings};
 use sample_controller::observe::metrics::Metrics;
 use sample_controller::reconcile::adoption::Adoption;
-use sample_controller::reconcile::sync::{Context, DEFAULT_RECONCILE_TIMEOUT};
+use sample_controller::reconcile::context::{Context, DEFAULT_RECONCILE_TIMEOUT};
 
 /// A controller running in this test process, stopped when dropped.
 pub struct RunningController {

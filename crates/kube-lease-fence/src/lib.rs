@@ -2,7 +2,6 @@
 //! semantics, and a fence the API server keeps.
 #![doc = ""]
 #![doc = include_str!("../README.md")]
-
 #![deny(missing_docs)]
 
 mod elector;
