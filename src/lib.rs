@@ -18,6 +18,8 @@
 //! - [`client`]: the Kubernetes client, its retries, the paced watches;
 //! - [`observe`]: metrics and logs.
 
+#![warn(clippy::too_many_lines)]
+
 pub mod api;
 pub mod app;
 pub mod cache;

@@ -1,5 +1,7 @@
 //! `sample-controller`: parse flags, start logging, run the operator.
 
+#![warn(clippy::too_many_lines)]
+
 use std::process::ExitCode;
 
 use clap::Parser;

@@ -2,6 +2,8 @@
 //! crdgen`, crds/), or with `leader-fence` the LeaderFence's, the leader
 //! fence's parameter (deploy/11-leader-fence-crd.yaml).
 
+#![warn(clippy::too_many_lines)]
+
 use std::collections::BTreeMap;
 
 use kube::CustomResourceExt;

@@ -14,6 +14,7 @@
 //! (5 ms doubling to 1000 s, 15 tries), so after a minute of refusals it
 //! waited tens of seconds more than the server asked for.
 
+pub mod label_selector;
 pub mod retry;
 pub mod watch;
 

@@ -154,9 +154,25 @@ impl Metrics {
     }
 
     /// Every family under its controller-runtime or client-go name
-    /// (prometheus-client appends `_total` to counters).
+    /// (prometheus-client appends `_total` to counters), then the
+    /// operator's own.
     fn registered(mut self) -> Self {
-        let r = &mut self.registry;
+        let mut registry = std::mem::take(&mut self.registry);
+        self.register_controller_runtimes(&mut registry);
+        self.register_own(&mut registry);
+        registry.register(
+            "rest_client_requests",
+            "Number of HTTP requests, partitioned by status code, method, and host.",
+            self.rest_requests.clone(),
+        );
+        registry.register_collector(Box::new(crate::observe::process::Process));
+        self.queue.register(&mut registry, METRICS_CONTROLLER_LABEL);
+        self.registry = registry;
+        self
+    }
+
+    /// controller-runtime's controller and leader-election families.
+    fn register_controller_runtimes(&self, r: &mut Registry) {
         r.register(
             "controller_runtime_reconcile",
             "Total number of reconciliations per controller",
@@ -202,6 +218,10 @@ impl Metrics {
             "Gauge of if the reporting system is master of the relevant lease, 0 indicates backup, 1 indicates master",
             self.leader.clone(),
         );
+    }
+
+    /// The families of this operator's own, `sample_controller_*`.
+    fn register_own(&self, r: &mut Registry) {
         r.register(
             "sample_controller_build_info",
             "A metric with a constant '1' value labeled by the version and the commit the binary was built from",
@@ -232,14 +252,6 @@ impl Metrics {
             "Scrapes of the secure metrics refused with 429: a token not yet reviewed while the token reviews were over their limit",
             self.metrics_auth_throttled.clone(),
         );
-        r.register(
-            "rest_client_requests",
-            "Number of HTTP requests, partitioned by status code, method, and host.",
-            self.rest_requests.clone(),
-        );
-        r.register_collector(Box::new(crate::observe::process::Process));
-        self.queue.register(r, METRICS_CONTROLLER_LABEL);
-        self
     }
 
     /// Start every series at zero so rate() and alerts see them before the

@@ -3,6 +3,7 @@
 #![doc = ""]
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
+#![warn(clippy::too_many_lines)]
 
 mod elector;
 mod fence;
