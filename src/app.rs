@@ -157,16 +157,16 @@ async fn preflight(cli: &Cli, service_account: (String, String)) -> Result<(), E
     let client = client::build(config, Default::default()).map_err(Error::Client)?;
     let shard = cli.shard_selector.clone().unwrap_or_default();
     let lease_namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| service_account.0.clone());
-    let target = check::Target {
+    let scope = check::Scope {
         lease: (lease_namespace, shard.lease_name(&cli.leader_election_id).map_err(Error::Shard)?),
         namespace: cli.namespace.clone(),
         service_account,
     };
-    let verdicts = check::run(&client, &target).await;
-    for v in &verdicts {
-        println!("{v}");
+    let findings = check::run(&client, &scope).await;
+    for finding in &findings {
+        println!("{finding}");
     }
-    match verdicts.iter().filter(|v| !v.ok).count() {
+    match findings.iter().filter(|f| !f.ok).count() {
         0 => Ok(()),
         failed => Err(Error::CheckFailed(failed)),
     }
@@ -205,8 +205,8 @@ async fn serve_endpoints(
 async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Paced>) -> Result<(), Error> {
     let (metrics, lease) = (parts.metrics.clone(), elector.lease_name().to_owned());
     let (caches, backlog, adoption) = (parts.caches.clone(), parts.backlog.clone(), parts.adoption.clone());
-    let fence = elector.gate();
-    let mut controller = pin!(run_controller(controller, parts, Some(fence.clone())));
+    let gate = elector.gate();
+    let mut controller = pin!(run_controller(controller, parts, Some(gate.clone())));
     metrics.set_leader(&lease, false);
     tokio::select! {
         _ = elector.acquire() => {}
@@ -222,8 +222,8 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Pa
     // claim failed and is retried at the next renewal): adopt, then sync
     // every Foo. Never ends on its own.
     let start_writing = async {
-        fence.held().await;
-        start_adoption(&caches, &adoption, Some(fence.clone()));
+        gate.held().await;
+        start_adoption(&caches, &adoption, Some(gate.clone()));
         backlog.push_all(caches.foos.filter(|_| true));
         std::future::pending::<()>().await
     };
@@ -245,7 +245,7 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Pa
 
 /// Run the adoption pass in the background once the caches are synced,
 /// writing only while `fence` holds; the syncs wait for it to finish.
-pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<Arc<WriteGate>>) -> JoinHandle<()> {
+pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, gate: Option<Arc<WriteGate>>) -> JoinHandle<()> {
     let (caches, adoption) = (caches.clone(), adoption.clone());
     tokio::spawn(async move {
         if !caches.synced().await {
@@ -261,7 +261,7 @@ pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, fence: Option<A
                 followed: caches.shard.follow_cached(foo.metadata.labels.as_ref()),
             })
         };
-        let writable = || may_write(fence.as_deref());
+        let writable = || may_write(gate.as_deref());
         adoption.run(cached_foo, writable, |adopted| caches.deployments.wrote(None, Some(adopted))).await;
     })
 }
@@ -284,10 +284,10 @@ struct Parts {
 /// Run the controller until shutdown, reporting readiness once its caches
 /// are filled; then send the Events still queued. If the future is dropped
 /// instead (lost leadership), queued Events are dropped with it.
-async fn run_controller(controller: Controller<Foo>, parts: Parts, fence: Option<Arc<WriteGate>>) {
+async fn run_controller(controller: Controller<Foo>, parts: Parts, gate: Option<Arc<WriteGate>>) {
     let Parts { client, caches, backlog, adoption, metrics, instance, readiness, reconcile_timeout } = parts;
-    let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), fence.clone());
-    let ctx = Context::new(client, caches.clone(), adoption, metrics, Some(instance), fence);
+    let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), gate.clone());
+    let ctx = Context::new(client, caches.clone(), adoption, metrics, Some(instance), gate);
     let ctx = Arc::new(ctx.with_reconcile_timeout(reconcile_timeout));
     let synced = tokio::spawn(async move {
         if caches.synced().await {

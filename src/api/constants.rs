@@ -5,7 +5,7 @@
 //! Other names live with what they name: the Foo schema's validation
 //! messages in [`crate::api::foo`], the client's field manager and
 //! User-Agent in [`crate::client`], metric names in
-//! [`crate::observe::metrics`] and [`crate::observe::workqueue`].
+//! [`crate::observe::metrics`] and [`crate::observe::queue_metrics`].
 
 /// `reportingController` of emitted Events.
 pub const CONTROLLER_NAME: &str = "sample-controller";

@@ -26,7 +26,7 @@ use tokio::sync::Notify;
 
 use crate::api::foo::Foo;
 use crate::cache::by_name;
-use crate::observe::workqueue::{Key, Priority, QueueMetrics, queue_key};
+use crate::observe::queue_metrics::{Key, Priority, QueueMetrics, queue_key};
 
 /// Foos the backlog lets in at a time, per worker: one waiting for each
 /// worker besides the one it runs, so that no worker waits for the next
@@ -35,7 +35,7 @@ use crate::observe::workqueue::{Key, Priority, QueueMetrics, queue_key};
 pub const ROOM_PER_WORKER: usize = 2;
 
 /// Entries a drained backlog keeps room for; a larger table is let go.
-const KEPT: usize = 64;
+const ROOM_KEPT: usize = 64;
 
 /// Which way a Foo's first sync goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,7 +166,7 @@ impl State {
         self.waiting.remove(&foo);
         self.let_in.insert(queue_key(&foo));
         if let_go(&mut self.later) {
-            self.waiting.shrink_to(KEPT);
+            self.waiting.shrink_to(ROOM_KEPT);
         }
         Some(foo)
     }
@@ -175,9 +175,9 @@ impl State {
 /// A drained lane gives back what a burst of 100 000 took (a takeover of
 /// Foos only upstream synced sends them all now): whether it did.
 fn let_go(lane: &mut VecDeque<ObjectRef<Foo>>) -> bool {
-    let drained = lane.is_empty() && lane.capacity() > KEPT;
+    let drained = lane.is_empty() && lane.capacity() > ROOM_KEPT;
     if drained {
-        lane.shrink_to(KEPT);
+        lane.shrink_to(ROOM_KEPT);
     }
     drained
 }
@@ -269,8 +269,8 @@ mod tests {
         }
         let in_order: Vec<String> = (0..1000).map(|i| format!("foo-{i}")).collect();
         assert_eq!(drained, in_order, "first in, first out");
-        assert!(backlog.state.lock().later.capacity() <= KEPT, "a drained backlog lets its table go");
-        assert!(backlog.state.lock().waiting.capacity() <= 2 * KEPT, "and the table of what waits");
+        assert!(backlog.state.lock().later.capacity() <= ROOM_KEPT, "a drained backlog lets its table go");
+        assert!(backlog.state.lock().waiting.capacity() <= 2 * ROOM_KEPT, "and the table of what waits");
     }
 
     #[test]
@@ -282,6 +282,6 @@ mod tests {
         assert_eq!(first.len(), 999, "changes need no room");
         assert!(backlog.state.lock().now.capacity() >= 1000, "one still waits: the table stays");
         assert_eq!(ready(&mut stream).len(), 1);
-        assert!(backlog.state.lock().now.capacity() <= KEPT, "{} slots kept", backlog.state.lock().now.capacity());
+        assert!(backlog.state.lock().now.capacity() <= ROOM_KEPT, "{} slots kept", backlog.state.lock().now.capacity());
     }
 }

@@ -27,7 +27,7 @@ use crate::client::api;
 use crate::client::watch::watch;
 use crate::controller::backlog::{Backlog, Lane};
 use crate::controller::triggers::{changed_deployments, changed_foos, waiting_for};
-use crate::observe::workqueue::{QueueMetrics, queue_key};
+use crate::observe::queue_metrics::{QueueMetrics, queue_key};
 use crate::reconcile::context::Context;
 use crate::reconcile::error::SyncError;
 use crate::reconcile::guard::{error_policy, reconcile};

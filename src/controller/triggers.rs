@@ -124,7 +124,7 @@ mod tests {
     use watcher::Event;
 
     use super::*;
-    use crate::observe::workqueue::QueueMetrics;
+    use crate::observe::queue_metrics::QueueMetrics;
     use crate::testing::FooFixture;
 
     /// What `backlog` lets in now, without waiting.

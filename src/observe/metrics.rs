@@ -30,7 +30,7 @@ use prometheus_client::registry::Registry;
 
 use kube::runtime::controller::Action;
 
-use crate::observe::workqueue::QueueMetrics;
+use crate::observe::queue_metrics::QueueMetrics;
 
 /// The commit this binary was built from: hack/build-image.sh sets
 /// `SAMPLE_CONTROLLER_REVISION` for the image's build (the commit, with

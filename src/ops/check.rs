@@ -33,41 +33,41 @@ pub const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 35..=37;
 /// Where the check looks: the operator's ServiceAccount, the namespace it
 /// watches (`None`: all), and its Lease.
 #[derive(Clone, Debug)]
-pub struct Target {
+pub struct Scope {
     pub service_account: (String, String),
     pub namespace: Option<String>,
     pub lease: (String, String),
 }
 
-/// One check's verdict.
+/// What one check found.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Verdict {
+pub struct Finding {
     pub name: &'static str,
     pub ok: bool,
     pub detail: String,
 }
 
-impl fmt::Display for Verdict {
+impl fmt::Display for Finding {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{:<4}  {}: {}", if self.ok { "ok" } else { "FAIL" }, self.name, self.detail)
     }
 }
 
-fn verdict(name: &'static str, result: Result<String, String>) -> Verdict {
+fn finding(name: &'static str, result: Result<String, String>) -> Finding {
     match result {
-        Ok(detail) => Verdict { name, ok: true, detail },
-        Err(detail) => Verdict { name, ok: false, detail },
+        Ok(detail) => Finding { name, ok: true, detail },
+        Err(detail) => Finding { name, ok: false, detail },
     }
 }
 
 /// Every check, in order; each runs whatever the others found.
-pub async fn run(client: &Client, target: &Target) -> Vec<Verdict> {
+pub async fn run(client: &Client, scope: &Scope) -> Vec<Finding> {
     vec![
-        verdict("Kubernetes version", version(client).await),
-        verdict("Foo CRD", crd(client).await),
-        verdict("RBAC", rbac(client, target).await),
-        verdict("streaming lists", streaming_lists(client, target).await),
-        verdict("leader fence", fence(client, target).await),
+        finding("Kubernetes version", version(client).await),
+        finding("Foo CRD", crd(client).await),
+        finding("RBAC", rbac(client, scope).await),
+        finding("streaming lists", streaming_lists(client, scope).await),
+        finding("leader fence", fence(client, scope).await),
     ]
 }
 
@@ -150,16 +150,16 @@ const CLUSTER: &[(&str, &str, &str, &str)] = &[
     ("create", "authorization.k8s.io", "subjectaccessreviews", ""),
 ];
 
-async fn rbac(client: &Client, target: &Target) -> Result<String, String> {
-    let (sa_ns, sa) = &target.service_account;
+async fn rbac(client: &Client, scope: &Scope) -> Result<String, String> {
+    let (sa_ns, sa) = &scope.service_account;
     let user = format!("system:serviceaccount:{sa_ns}:{sa}");
     let groups =
         vec!["system:serviceaccounts".into(), format!("system:serviceaccounts:{sa_ns}"), "system:authenticated".into()];
-    let watched = target.namespace.clone().unwrap_or_default();
+    let watched = scope.namespace.clone().unwrap_or_default();
     let needs = WATCHED
         .iter()
         .map(|n| (n, watched.as_str()))
-        .chain(LEADER_ELECTION.iter().map(|n| (n, target.lease.0.as_str())))
+        .chain(LEADER_ELECTION.iter().map(|n| (n, scope.lease.0.as_str())))
         .chain(CLUSTER.iter().map(|n| (n, "")));
     let reviews: Api<SubjectAccessReview> = Api::all(client.clone());
     let mut missing = Vec::new();
@@ -199,11 +199,11 @@ async fn rbac(client: &Client, target: &Target) -> Result<String, String> {
     }
 }
 
-async fn streaming_lists(client: &Client, target: &Target) -> Result<String, String> {
+async fn streaming_lists(client: &Client, scope: &Scope) -> Result<String, String> {
     // As the operator's watcher asks (resource version "0"), for one Foo
     // name that cannot exist: no initial events, then the bookmark that
     // ends them, or the refusal.
-    let foos: Api<Foo> = match &target.namespace {
+    let foos: Api<Foo> = match &scope.namespace {
         Some(ns) => Api::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
@@ -242,7 +242,7 @@ fn not_served(why: &str) -> String {
     )
 }
 
-async fn fence(client: &Client, target: &Target) -> Result<String, String> {
+async fn fence(client: &Client, scope: &Scope) -> Result<String, String> {
     let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
     let read = |e: kube::Error| format!("cannot read the fence: {e}");
     let Some(policy) = policies.get_opt(FENCE_POLICY).await.map_err(read)? else {
@@ -268,7 +268,7 @@ async fn fence(client: &Client, target: &Target) -> Result<String, String> {
     if bindings.get_opt(FENCE_POLICY).await.map_err(read)?.is_none() {
         return Ok("installed, but off: no binding (as in one-replica mode)".into());
     }
-    let (ns, name) = &target.lease;
+    let (ns, name) = &scope.lease;
     let lease = Api::<Lease>::namespaced(client.clone(), ns).get_opt(name).await.map_err(read)?;
     let holder = lease.and_then(|l| l.spec?.holder_identity).filter(|h| !h.is_empty());
     let fences: Api<LeaderFence> = Api::namespaced(client.clone(), ns);
@@ -310,8 +310,8 @@ mod tests {
 
     #[test]
     fn a_check_prints_one_line_saying_ok_or_fail() {
-        let ok = verdict("RBAC", Ok("fine".into()));
-        let failed = verdict("Foo CRD", Err("not installed".into()));
+        let ok = finding("RBAC", Ok("fine".into()));
+        let failed = finding("Foo CRD", Err("not installed".into()));
         assert_eq!(ok.to_string(), "ok    RBAC: fine");
         assert_eq!(failed.to_string(), "FAIL  Foo CRD: not installed");
         assert!(ok.ok && !failed.ok);

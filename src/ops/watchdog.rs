@@ -32,11 +32,11 @@ const FENCE_RUNBOOK: &str = "docs/operations.md#the-leader-fence-refuses-writes"
 
 /// The unsynced Foos, each with when this replica first saw it unsynced.
 #[derive(Debug, Default)]
-pub struct Backlog {
+pub struct Unsynced {
     waiting: HashMap<ObjectRef<Foo>, Instant>,
 }
 
-impl Backlog {
+impl Unsynced {
     /// Bring the backlog up to `foos` (every cached Foo) at `now` (`wall`
     /// on the wall clock): how many are unsynced, and the longest wait. A
     /// Foo never synced has waited since its creation, also across
@@ -85,9 +85,9 @@ fn never_synced_for(foo: &Foo, wall: Timestamp) -> Duration {
 /// Keep the gauges up to date until the returned task is aborted; with a
 /// `fence` (leader election), report a refusal that lasts past a lease
 /// duration, once each time it starts.
-pub fn spawn(caches: Caches, metrics: Arc<Metrics>, fence: Option<Arc<WriteGate>>) -> JoinHandle<()> {
+pub fn spawn(caches: Caches, metrics: Arc<Metrics>, gate: Option<Arc<WriteGate>>) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut backlog = Backlog::default();
+        let mut backlog = Unsynced::default();
         let mut reported = false;
         let mut tick = tokio::time::interval(PERIOD);
         loop {
@@ -95,20 +95,20 @@ pub fn spawn(caches: Caches, metrics: Arc<Metrics>, fence: Option<Arc<WriteGate>
             let foos = caches.foos.filter(|_| true);
             let (count, oldest) = backlog.tally(foos.iter().map(|f| &**f), Instant::now(), Timestamp::now());
             metrics.set_unsynced(count, oldest);
-            let Some(fence) = &fence else { continue };
-            let refused = fence.refused_for();
+            let Some(gate) = &gate else { continue };
+            let refused = gate.refused_for();
             metrics.set_fence_refused(refused);
-            metrics.set_fence_state(fence.state().label());
-            if !fence.refusal_lasts() {
+            metrics.set_fence_state(gate.state().label());
+            if !gate.refusal_lasts() {
                 reported = false;
             } else if !reported {
                 reported = true;
                 error!(
                     refused_for = ?refused,
                     runbook = FENCE_RUNBOOK,
-                    "the API server's leader fence has refused every write of this leader for longer than a lease duration: \
+                    "the API server's leader gate has refused every write of this leader for longer than a lease duration: \
                      its LeaderFence names another replica and this one cannot claim it (see the WARN lines of the claim), \
-                     or the fence's policy or binding was changed; Foos do not converge until it is fixed"
+                     or the gate's policy or binding was changed; Foos do not converge until it is fixed"
                 );
             }
         }
@@ -140,7 +140,7 @@ mod tests {
 
     #[test]
     fn the_oldest_wait_grows_until_the_foo_is_synced_and_restarts_with_the_next_edit() {
-        let (mut backlog, start, wall) = (Backlog::default(), Instant::now(), Timestamp::now());
+        let (mut backlog, start, wall) = (Unsynced::default(), Instant::now(), Timestamp::now());
         let edited = foo("edited", 3, Some(2));
         assert_eq!(backlog.tally([&edited], start, wall), (1, Duration::ZERO));
         let later = start + Duration::from_secs(30);
@@ -160,7 +160,7 @@ mod tests {
         let wall = Timestamp::now();
         new.metadata.creation_timestamp = Some(Time(wall - jiff_seconds(120)));
         // A fresh backlog, as after a restart of the operator.
-        let (count, waited) = Backlog::default().tally([&new], Instant::now(), wall);
+        let (count, waited) = Unsynced::default().tally([&new], Instant::now(), wall);
         assert_eq!(count, 1);
         assert_eq!(waited, Duration::from_secs(120));
     }
@@ -170,7 +170,7 @@ mod tests {
         let mut edited = foo("old", 2, Some(1));
         let wall = Timestamp::now();
         edited.metadata.creation_timestamp = Some(Time(wall - jiff_seconds(3600)));
-        assert_eq!(Backlog::default().tally([&edited], Instant::now(), wall), (1, Duration::ZERO));
+        assert_eq!(Unsynced::default().tally([&edited], Instant::now(), wall), (1, Duration::ZERO));
     }
 
     fn jiff_seconds(s: i64) -> k8s_openapi::jiff::SignedDuration {

@@ -112,7 +112,7 @@ impl Adoption {
     }
 
     /// Run the pass; `cached_foo` answers with what the pass needs of a
-    /// cached Foo ([`CachedFoo`]), `may_write` whether this replica may
+    /// cached Foo ([`CachedFoo`]), `writable` whether this replica may
     /// still write (leader election). Adopted Deployments are handed to
     /// `adopted` (for the cache) as the API server returned them. A failure
     /// is logged and not fatal: a sync still adopts each Deployment it
@@ -120,11 +120,11 @@ impl Adoption {
     pub async fn run(
         &self,
         cached_foo: impl Fn(&ObjectRef<Foo>) -> Option<CachedFoo>,
-        may_write: impl Fn() -> bool,
+        writable: impl Fn() -> bool,
         adopted: impl Fn(DeploymentView),
     ) {
         if let Some(api) = &self.deployments {
-            match self.adopt(api, &cached_foo, &may_write, &adopted).await {
+            match self.adopt(api, &cached_foo, &writable, &adopted).await {
                 Ok(0) => {}
                 Ok(n) => info!(deployments = n, "adopted Deployments made by an earlier controller"),
                 Err(e) => warn!(error = %e, "cannot list Deployments to adopt; each Foo's sync will adopt its own"),
@@ -138,7 +138,7 @@ impl Adoption {
         &self,
         api: &Api<Deployment>,
         cached_foo: &impl Fn(&ObjectRef<Foo>) -> Option<CachedFoo>,
-        may_write: &impl Fn() -> bool,
+        writable: &impl Fn() -> bool,
         adopted: &impl Fn(DeploymentView),
     ) -> kube::Result<usize> {
         let (mut count, mut continue_token) = (0, None);
@@ -152,9 +152,9 @@ impl Adoption {
                     None => {}
                 }
             }
-            count += self.patch_all(api, patches, may_write, adopted).await;
+            count += self.patch_all(api, patches, writable, adopted).await;
             continue_token = page.metadata.continue_.filter(|token| !token.is_empty());
-            if continue_token.is_none() || !may_write() {
+            if continue_token.is_none() || !writable() {
                 return Ok(count);
             }
         }
@@ -176,7 +176,7 @@ impl Adoption {
         &self,
         api: &Api<Deployment>,
         patches: Vec<(String, DeploymentPatch)>,
-        may_write: &impl Fn() -> bool,
+        writable: &impl Fn() -> bool,
         adopted: &impl Fn(DeploymentView),
     ) -> usize {
         use futures::StreamExt;
@@ -184,7 +184,7 @@ impl Adoption {
         futures::stream::iter(patches)
             // No longer leading: the syncs fail on their own checks, and the
             // next leader's pass adopts what is left.
-            .take_while(|_| std::future::ready(may_write()))
+            .take_while(|_| std::future::ready(writable()))
             .map(|(namespace, patch)| {
                 let api: Api<Deployment> = Api::namespaced(api.clone().into_client(), &namespace);
                 let pp = &pp;

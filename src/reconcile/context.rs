@@ -24,7 +24,7 @@ pub struct Context {
     pub events: Publisher,
     pub metrics: Arc<Metrics>,
     /// Under leader election: whether this replica may still write.
-    pub(crate) fence: Option<Arc<WriteGate>>,
+    pub(crate) gate: Option<Arc<WriteGate>>,
     /// Consecutive failures per Foo, for the retry backoff.
     pub failures: Failures<Foo>,
     /// How long one sync may take (`--reconcile-timeout`).
@@ -43,9 +43,9 @@ impl Context {
         adoption: Arc<Adoption>,
         metrics: Arc<Metrics>,
         instance: Option<String>,
-        fence: Option<Arc<WriteGate>>,
+        gate: Option<Arc<WriteGate>>,
     ) -> Self {
-        let events = Publisher::start(client.clone(), instance, fence.clone(), metrics.queue.clone());
+        let events = Publisher::start(client.clone(), instance, gate.clone(), metrics.queue.clone());
         let failures = Failures::default();
         Context {
             client,
@@ -53,7 +53,7 @@ impl Context {
             adoption,
             events,
             metrics,
-            fence,
+            gate,
             failures,
             reconcile_timeout: DEFAULT_RECONCILE_TIMEOUT,
         }

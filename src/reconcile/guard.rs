@@ -16,7 +16,7 @@ use tracing::{error, info, warn};
 
 use crate::api::foo::Foo;
 use crate::client::retry::{FIRST_RETRY, retry_delay};
-use crate::observe::workqueue::queue_key;
+use crate::observe::queue_metrics::queue_key;
 use crate::reconcile::context::Context;
 use crate::reconcile::error::{SyncError as Error, SyncResult as Result};
 use crate::reconcile::sync::sync;
@@ -24,12 +24,12 @@ use crate::reconcile::sync::sync;
 /// One sync of one Foo, timed and counted the way controller-runtime does.
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     let obj = ObjectRef::from_obj(&*foo);
-    if ctx.fence.as_deref().is_some_and(WriteGate::in_doubt) {
+    if ctx.gate.as_deref().is_some_and(WriteGate::in_doubt) {
         // The elector is checking the Lease after a refusal by the API
         // server's fence: come back once it has, without dropping the Foo.
         return Ok(Action::requeue(FIRST_RETRY));
     }
-    if !may_write(ctx.fence.as_deref()) {
+    if !may_write(ctx.gate.as_deref()) {
         // A standby (or a leader past its renew deadline): nothing to do
         // until it takes the Lease, which syncs every Foo. What triggered
         // this is no work waiting, so the queue metrics do not count it.
@@ -92,8 +92,8 @@ pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
         // Stop writing and let the elector decide: it renews (the policy's
         // view of the Lease lagged) or finds the Lease taken (we exit).
         e if e.is_fence_refusal() => {
-            if let Some(fence) = &ctx.fence {
-                fence.doubt();
+            if let Some(gate) = &ctx.gate {
+                gate.doubt();
             }
             warn!(error = %err, retry_in = ?delay, "write refused by the API server's leader fence");
         }

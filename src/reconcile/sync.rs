@@ -25,7 +25,7 @@ use crate::api::wire::FooWire;
 use crate::cache::by_name;
 use crate::client::retry::BACKOFF_BASE;
 use crate::client::{apply_params, patch_params, post_params, send_streamed};
-use crate::observe::workqueue::queue_key;
+use crate::observe::queue_metrics::queue_key;
 use crate::reconcile::context::Context;
 use crate::reconcile::decision::{DeploymentAction, Outcome, Plan, decide, not_adopted};
 use crate::reconcile::error::{ApiAction, SyncError as Error, SyncResult as Result};
@@ -34,11 +34,11 @@ use kube_lease_fence::may_write;
 impl Context {
     /// `Err` once this replica may no longer write as the leader, or while
     /// a refusal by the API server's fence is being checked.
-    fn may_write(&self, target: &Target) -> Result<()> {
+    fn gate_open(&self, target: &Target) -> Result<()> {
         let foo = || target.key.clone();
-        match self.fence.as_deref() {
-            Some(fence) if fence.in_doubt() => Err(Error::FenceInDoubt { foo: foo() }),
-            fence if !may_write(fence) => Err(Error::NotLeading { foo: foo() }),
+        match self.gate.as_deref() {
+            Some(gate) if gate.in_doubt() => Err(Error::FenceInDoubt { foo: foo() }),
+            gate if !may_write(gate) => Err(Error::NotLeading { foo: foo() }),
             _ => Ok(()),
         }
     }
@@ -96,9 +96,9 @@ pub(crate) async fn sync(foo: Arc<Foo>, ctx: &Context) -> Result<Action> {
     delete_stale(&target, &observed.deployments, &plan, &observed.owned, ctx).await?;
     write_status(&target, &foo, &plan, ctx).await?;
     if plan.writes()
-        && let Some(fence) = &ctx.fence
+        && let Some(gate) = &ctx.gate
     {
-        fence.admitted();
+        gate.admitted();
     }
     record_events(&foo, &plan, ctx);
     finish(target, plan.outcome)
@@ -233,7 +233,7 @@ async fn write_deployment(
     ctx: &Context,
 ) -> Result<DeploymentWrite> {
     if *action != DeploymentAction::Keep {
-        ctx.may_write(target)?;
+        ctx.gate_open(target)?;
     }
     let written = match action {
         DeploymentAction::Keep => return Ok(DeploymentWrite::Done),
@@ -269,7 +269,7 @@ async fn delete_stale(
     ctx: &Context,
 ) -> Result<()> {
     for stale in &plan.delete {
-        ctx.may_write(target)?;
+        ctx.gate_open(target)?;
         let dp = DeleteParams {
             preconditions: Some(Preconditions { uid: stale.uid.clone(), resource_version: None }),
             ..DeleteParams::background()
@@ -293,7 +293,7 @@ async fn delete_stale(
 /// merge patch would replace the `conditions` list whole).
 async fn write_status(target: &Target, foo: &Foo, plan: &Plan, ctx: &Context) -> Result<()> {
     let Some(status) = &plan.status else { return Ok(()) };
-    ctx.may_write(target)?;
+    ctx.gate_open(target)?;
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
     let patch = Foo::status_apply(&target.name, status.owned_by_controller());
     // The response is the whole Foo, whatever its users put in it: decoded

@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use crate::api::constants::{ACTION_RECONCILE, CONTROLLER_NAME};
-use crate::observe::workqueue::QueueMetrics;
+use crate::observe::queue_metrics::QueueMetrics;
 use crate::reconcile::decision::EventSpec;
 use kube_lease_fence::{WriteGate, may_write};
 
@@ -60,16 +60,16 @@ impl Publisher {
     pub fn start(
         client: Client,
         instance: Option<String>,
-        fence: Option<Arc<WriteGate>>,
+        gate: Option<Arc<WriteGate>>,
         syncs: Arc<QueueMetrics>,
     ) -> Self {
-        Self::start_remembering(client, instance, fence, syncs, REMEMBERED)
+        Self::start_remembering(client, instance, gate, syncs, REMEMBERED)
     }
 
     fn start_remembering(
         client: Client,
         instance: Option<String>,
-        fence: Option<Arc<WriteGate>>,
+        gate: Option<Arc<WriteGate>>,
         syncs: Arc<QueueMetrics>,
         remembered: usize,
     ) -> Self {
@@ -98,7 +98,7 @@ impl Publisher {
                 {
                     tokio::time::sleep_until(last + BACKED_UP_PACE).await;
                 }
-                if !may_write(fence.as_deref()) {
+                if !may_write(gate.as_deref()) {
                     // A paused leader's queue: a standby may lead by now.
                     debug!(reason = ev.reason, "not leading any more; event dropped");
                     continue;
@@ -255,14 +255,14 @@ mod tests {
     async fn an_event_waiting_its_turn_is_dropped_if_the_replica_stops_leading_meanwhile() {
         let syncs = one_worker_and_a_foo_due();
         let _busy = syncs.started("default/busy");
-        let fence = Arc::new(WriteGate::holding_for(Duration::from_secs(3600)));
+        let gate = Arc::new(WriteGate::holding_for(Duration::from_secs(3600)));
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence.clone()), syncs.clone());
+        let publisher = Publisher::start(Client::new(service, "default"), None, Some(gate.clone()), syncs.clone());
         publisher.publish(synced(), foo("a"));
         publisher.publish(synced(), foo("b"));
         assert_eq!(next_event(&mut api).await.1, "a");
         tokio::time::sleep(BACKED_UP_PACE / 2).await; // "b" is waiting its turn
-        fence.doubt();
+        gate.doubt();
         let flushed = publisher.flush(Duration::from_secs(5));
         tokio::select! {
             Some((request, _)) = api.next_request() => panic!("sent {} after the fence stopped holding", request.uri()),
@@ -273,8 +273,8 @@ mod tests {
     #[tokio::test]
     async fn a_replica_past_its_renew_deadline_sends_none_of_its_queued_events() {
         let (service, mut api) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-        let fence = Arc::new(WriteGate::new()); // never renewed: does not hold
-        let publisher = Publisher::start(Client::new(service, "default"), None, Some(fence), Arc::default());
+        let gate = Arc::new(WriteGate::new()); // never renewed: does not hold
+        let publisher = Publisher::start(Client::new(service, "default"), None, Some(gate), Arc::default());
         publisher.publish(synced(), foo("a"));
         let flushed = publisher.flush(Duration::from_secs(5));
         // (The sender's end of the mock closes when the publisher stops.)

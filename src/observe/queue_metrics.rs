@@ -68,7 +68,7 @@ struct Waiting {
 }
 
 /// Slots the pending table keeps once empty; a larger one is let go.
-const KEPT: usize = 64;
+const PENDING_KEPT: usize = 64;
 
 /// The key of `obj` in the queue: `namespace/name`, as client-go's
 /// `MetaNamespaceKeyFunc`.
@@ -109,8 +109,8 @@ impl State {
     fn take(&mut self, key: &str) -> Option<Instant> {
         let due = self.pending.remove(key).map(|waiting| waiting.due);
         let (len, capacity) = (self.pending.len(), self.pending.capacity());
-        if capacity > KEPT && len * 4 < capacity {
-            self.pending.shrink_to((len * 2).max(KEPT / 2));
+        if capacity > PENDING_KEPT && len * 4 < capacity {
+            self.pending.shrink_to((len * 2).max(PENDING_KEPT / 2));
         }
         due
     }
@@ -372,6 +372,6 @@ mod tests {
         keys[9_000..].iter().for_each(|k| q.forget(k)); // a standby passes them by
         let state = q.state();
         assert_eq!(state.pending.len(), 1, "the retry still waits");
-        assert!(state.pending.capacity() <= KEPT, "{} slots kept", state.pending.capacity());
+        assert!(state.pending.capacity() <= PENDING_KEPT, "{} slots kept", state.pending.capacity());
     }
 }
