@@ -244,7 +244,7 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Pa
 }
 
 /// Run the adoption pass in the background once the caches are synced,
-/// writing only while `fence` holds; the syncs wait for it to finish.
+/// writing only while `gate` holds; the syncs wait for it to finish.
 pub fn start_adoption(caches: &Caches, adoption: &Arc<Adoption>, gate: Option<Arc<WriteGate>>) -> JoinHandle<()> {
     let (caches, adoption) = (caches.clone(), adoption.clone());
     tokio::spawn(async move {

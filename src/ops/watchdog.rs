@@ -83,7 +83,7 @@ fn never_synced_for(foo: &Foo, wall: Timestamp) -> Duration {
 }
 
 /// Keep the gauges up to date until the returned task is aborted; with a
-/// `fence` (leader election), report a refusal that lasts past a lease
+/// `gate` (leader election), report a refusal that lasts past a lease
 /// duration, once each time it starts.
 pub fn spawn(caches: Caches, metrics: Arc<Metrics>, gate: Option<Arc<WriteGate>>) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -106,9 +106,9 @@ pub fn spawn(caches: Caches, metrics: Arc<Metrics>, gate: Option<Arc<WriteGate>>
                 error!(
                     refused_for = ?refused,
                     runbook = FENCE_RUNBOOK,
-                    "the API server's leader gate has refused every write of this leader for longer than a lease duration: \
+                    "the API server's leader fence has refused every write of this leader for longer than a lease duration: \
                      its LeaderFence names another replica and this one cannot claim it (see the WARN lines of the claim), \
-                     or the gate's policy or binding was changed; Foos do not converge until it is fixed"
+                     or the fence's policy or binding was changed; Foos do not converge until it is fixed"
                 );
             }
         }

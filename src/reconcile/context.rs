@@ -35,7 +35,7 @@ pub struct Context {
 pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(120);
 
 impl Context {
-    /// `instance` is the Events' `reportingInstance`; a `fence`, under
+    /// `instance` is the Events' `reportingInstance`; a `gate`, under
     /// leader election, is checked before every write.
     pub fn new(
         client: Client,

@@ -55,7 +55,7 @@ pub struct Publisher {
 impl Publisher {
     /// Start the background sender. `instance` is the Events'
     /// `reportingInstance` (the leader-election identity); under leader
-    /// election, an event is sent only while `fence` holds; Events yield
+    /// election, an event is sent only while `gate` holds; Events yield
     /// to the syncs `syncs` counts ([`QueueMetrics::backed_up`]).
     pub fn start(
         client: Client,
