@@ -147,9 +147,10 @@ impl<W: Watches> Elector<W> {
     /// fails with Conflict, and ours is tried again at the next renewal).
     /// Both requests are made within the renew deadline of `attempt` (the
     /// renewal they follow), as every write of a leader is. True once
-    /// claimed, or when there is nothing to claim: no LeaderFence CRD (no
-    /// fence installed), or no right to write one (an install without
-    /// deploy/'s fence; if a fence is bound after all, its refusals say so).
+    /// claimed, or when there is nothing to claim: no fence configured, no
+    /// CRD of its kind (no fence installed), or no right to write one (an
+    /// install without the fence; if a policy is bound after all, its
+    /// refusals say so).
     /// False, logged, while a claim fails: the replica holds the Lease and
     /// writes nothing.
     async fn claim_fence(&mut self, attempt: Instant) -> bool {

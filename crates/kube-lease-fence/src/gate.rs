@@ -17,12 +17,13 @@ use crate::fence::FenceState;
 /// stopped process, a frozen VM) writes nothing when it resumes, even before
 /// its elector has noticed and the process has exited.
 ///
-/// Where the API server fences too (deploy/11-leader-fence-policy.yaml), a
-/// sync's write it refuses as not the Lease holder's puts the fence in
-/// doubt: nothing is written until the elector, woken early (half a retry
-/// period after its last attempt, at the soonest), has renewed the Lease
-/// (the refusal came from the policy's view of the Lease lagging behind
-/// our acquire) or found it taken (the process ends).
+/// Where the API server fences too (the crate's README), a write it
+/// refuses as not the Lease holder's puts the gate in doubt
+/// ([`WriteGate::doubt`]): nothing is written until the elector, woken
+/// early (half a retry period after its last attempt, at the soonest), has
+/// renewed the Lease (the refusal came from the policy's view of the Lease
+/// lagging behind our acquire) and claimed the fence's object again, or
+/// found the Lease taken.
 #[derive(Debug, Default)]
 pub struct WriteGate {
     valid_until: Mutex<Option<Instant>>,
@@ -47,7 +48,7 @@ pub struct WriteGate {
 }
 
 impl WriteGate {
-    /// A fence that holds from the first renewal on (never, for a
+    /// A gate that holds from the first renewal on (never, for a
     /// candidate that never led).
     pub fn new() -> Self {
         WriteGate::default()
