@@ -115,7 +115,7 @@ impl<W: Watches> Elector<W> {
         }
     }
 
-    fn post_params(&self) -> PostParams {
+    pub(crate) fn post_params(&self) -> PostParams {
         PostParams { field_manager: Some(self.cfg.field_manager.clone()), ..PostParams::default() }
     }
 

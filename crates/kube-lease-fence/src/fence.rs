@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::core::Status;
 use kube::runtime::watcher;
 use tracing::{debug, info, warn};
@@ -212,7 +212,7 @@ impl<W: Watches> Elector<W> {
         let current = api.get_opt(name).await?;
         let exists = current.is_some();
         let ours = self.naming(current, Some(&self.cfg.identity));
-        let params = PostParams { field_manager: Some(self.cfg.field_manager.clone()), ..PostParams::default() };
+        let params = self.post_params();
         if exists { api.replace(name, &params, &ours).await } else { api.create(&params, &ours).await }
     }
 
@@ -224,7 +224,7 @@ impl<W: Watches> Elector<W> {
         let Claim::Written(ours) = std::mem::replace(&mut self.claim, Claim::Pending) else { return };
         let Some(api) = &self.fences else { return };
         let released = self.naming(Some(*ours), None);
-        let params = PostParams { field_manager: Some(self.cfg.field_manager.clone()), ..PostParams::default() };
+        let params = self.post_params();
         match api.replace(&self.cfg.lease_name, &params, &released).await {
             Ok(_) => debug!(fence = %self.cfg.lease_name, "leader fence released"),
             Err(e) => {
