@@ -384,6 +384,16 @@ async fn a_leader_paused_mid_convergence_is_replaced_and_the_api_server_refuses_
     create_foos(&ns, MANY).await;
     until_deployments(&ns, MANY / 4).await;
 
+    // Hold just after a renewal the API server recorded: the leader's gate
+    // stays open until the renew deadline after that renewal began, so it
+    // has writes to send while held. (Held at any moment, a leader whose
+    // renewals a loaded machine slowed could be at its deadline already,
+    // its gate shut: nothing in flight to prove the fence on.)
+    wait_until("a renewal of the leader's Lease, recorded under a second ago", TIMEOUT, || async {
+        let renewed = deploy_lease().await?.spec?.renew_time?.0;
+        (Timestamp::now().duration_since(renewed).as_secs_f64() < 1.0).then_some(())
+    })
+    .await;
     // What the leader sends from now on waits in the relay; it goes on
     // syncing until each worker and the Event sender has a request out.
     relay.hold();
