@@ -23,9 +23,9 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{ListParams, Patch, PatchParams, PostParams, WatchParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use sample_controller::Foo;
-use sample_controller::api::deployment::{desired_deployment, managed_selector};
-use sample_controller::api::shard::UNSHARDED;
-use sample_controller::reconcile::decision::decide;
+use sample_controller::testing::api::UNSHARDED;
+use sample_controller::testing::api::{desired_deployment, managed_selector};
+use sample_controller::testing::reconcile::decide;
 
 mod support;
 

@@ -3,34 +3,44 @@
 //!
 //! A folder per concept, in layers: a folder uses only those below it
 //! (docs/design.md draws them; `tests/layers.rs` checks it). Top down:
-//! - [`app`]: the process, which puts everything together;
-//! - [`ops`]: the operator's own tools (command line, preflight, watchdog);
-//! - [`controller`]: watches turned into syncs, and the backlog that paces
+//! - `app`: the process, which puts everything together;
+//! - `ops`: the operator's own tools (command line, preflight, watchdog);
+//! - `controller`: watches turned into syncs, and the backlog that paces
 //!   the first ones;
-//! - [`reconcile`]: one sync of a Foo: the decision, its writes, its Events;
-//! - [`cache`]: what the watches saw, and our own writes they have not yet;
-//! - [`api`]: the Foo, the Deployment it owns, their names and labels.
+//! - `reconcile`: one sync of a Foo: the decision, its writes, its Events;
+//! - `cache`: what the watches saw, and our own writes they have not yet;
+//! - `api`: the Foo, the Deployment it owns, their names and labels.
 //!
 //! Below the Foo, machinery any controller could use, which never imports
 //! it (leader election and the API server's fence are a crate of their
 //! own, crates/kube-lease-fence):
-//! - [`serve`]: the metrics and probe endpoints, TLS, who may read them;
-//! - [`client`]: the Kubernetes client, its retries, the paced watches;
-//! - [`observe`]: metrics and logs.
+//! - `serve`: the metrics and probe endpoints, TLS, who may read them;
+//! - `client`: the Kubernetes client, its retries, the paced watches;
+//! - `observe`: metrics and logs.
 
 #![warn(clippy::too_many_lines)]
+// Every item not re-exported below, nor in the test surface, is
+// `pub(crate)`: the lint catches a `pub` that reaches nobody.
+#![cfg_attr(feature = "test-fixtures", warn(unreachable_pub))]
 
-pub mod api;
-pub mod app;
-pub mod cache;
-pub mod client;
-pub mod controller;
-pub mod observe;
-pub mod ops;
-pub mod reconcile;
-pub mod serve;
+mod api;
+mod app;
+mod cache;
+mod client;
+mod controller;
+mod observe;
+mod ops;
+mod reconcile;
+mod serve;
 
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod testing;
 
+// The public API: the custom resources (crdgen prints their CRDs)...
 pub use api::foo::{Foo, FooSpec, FooStatus};
+pub use api::leader_fence::{LeaderFence, LeaderFenceSpec};
+// ...and what src/main.rs runs.
+pub use app::run;
+pub use observe::telemetry;
+pub use ops::cli::Cli;
+pub use ops::go_flags::{GoStyleArgs, from_go_style};

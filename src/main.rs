@@ -5,10 +5,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use sample_controller::app;
-use sample_controller::observe::telemetry;
-use sample_controller::ops::cli::Cli;
-use sample_controller::ops::go_flags::from_go_style;
+use sample_controller::{Cli, from_go_style, run, telemetry};
 
 /// jemalloc, for memory that stays flat: see Cargo.toml.
 #[global_allocator]
@@ -26,7 +23,7 @@ async fn main() -> ExitCode {
     let cli = Cli::parse_from(go.args);
     telemetry::init(cli.log_format, go.log_filter.as_deref());
     go.notices.iter().for_each(|notice| tracing::info!("{notice}"));
-    match app::run(cli).await {
+    match run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "exiting");

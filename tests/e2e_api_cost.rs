@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use common::*;
 use sample_controller::Foo;
-use sample_controller::client::USER_AGENT;
+use sample_controller::testing::client::USER_AGENT;
 
 const FOOS: usize = 20;
 

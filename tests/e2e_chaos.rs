@@ -23,14 +23,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
-use sample_controller::api::constants::FENCE_POLICY;
-use sample_controller::api::constants::POD_NAME_ENV;
-use sample_controller::api::deployment_view::DeploymentView;
-use sample_controller::api::leader_fence::{LeaderFence, LeaderFenceSpec};
-use sample_controller::api::shard::UNSHARDED;
-use sample_controller::client::USER_AGENT;
-use sample_controller::ops::watchdog::PERIOD;
-use sample_controller::reconcile::decision::{DeploymentAction, decide};
+use sample_controller::testing::api::DeploymentView;
+use sample_controller::testing::api::FENCE_POLICY;
+use sample_controller::testing::api::POD_NAME_ENV;
+use sample_controller::testing::api::UNSHARDED;
+use sample_controller::testing::client::USER_AGENT;
+use sample_controller::testing::ops::PERIOD;
+use sample_controller::testing::reconcile::{DeploymentAction, decide};
+use sample_controller::{LeaderFence, LeaderFenceSpec};
 use serde_json::json;
 
 /// One scenario at a time: they stop the plane everyone uses. (Under

@@ -18,11 +18,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use sample_controller::Foo;
-use sample_controller::api::constants::{CONTAINER_IMAGE, LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
-use sample_controller::api::deployment::desired_deployment;
-use sample_controller::api::leader_fence::{LeaderFence, LeaderFenceSpec};
-use sample_controller::api::shard::UNSHARDED;
-use sample_controller::reconcile::decision::DeploymentPatch;
+use sample_controller::testing::api::UNSHARDED;
+use sample_controller::testing::api::desired_deployment;
+use sample_controller::testing::api::{CONTAINER_IMAGE, LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
+use sample_controller::testing::reconcile::DeploymentPatch;
+use sample_controller::{LeaderFence, LeaderFenceSpec};
 use serde_json::json;
 
 /// The policy's name, which the API server puts in each of its refusals.
@@ -363,7 +363,7 @@ async fn other_users_writes_to_deployments_are_not_confined() {
 async fn the_leader_fence_still_refuses_the_operators_own_writes_from_a_pod_that_does_not_hold_the_lease() {
     let confined = Confined::new("confined-fence").await;
     let standby: Api<Deployment> = Api::namespaced(operator_in(STANDBY_POD).await, &confined.ns.name);
-    let fence = format!("ValidatingAdmissionPolicy '{}'", sample_controller::api::constants::FENCE_POLICY);
+    let fence = format!("ValidatingAdmissionPolicy '{}'", sample_controller::testing::api::FENCE_POLICY);
     let by_the_fence = |what: &str, result: kube::Result<Deployment>| match result {
         Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(&fence) => {}
         other => panic!("{what} from the standby's pod: expected the fence's refusal, got {other:?}"),

@@ -277,13 +277,13 @@ async fn a_deployment_scaled_by_hand_while_the_cache_lags_is_never_blindly_overw
     // No running controller: single syncs over caches the test fills, so the
     // Deployment cache can lag behind the API server for as long as needed.
     let ns = TestNamespace::new("lag").await;
-    let metrics = std::sync::Arc::new(sample_controller::observe::metrics::Metrics::new());
+    let metrics = std::sync::Arc::new(sample_controller::testing::observe::Metrics::new());
     let sync = |foo: Foo, cached: Vec<Deployment>| {
         let (client, metrics) = (ns.client.clone(), metrics.clone());
         async move {
             let caches = caches_holding(std::slice::from_ref(&foo), &cached).await;
             let ctx = context(client, caches, metrics);
-            sample_controller::reconcile::guard::reconcile(std::sync::Arc::new(foo), ctx).await
+            sample_controller::testing::reconcile::reconcile(std::sync::Arc::new(foo), ctx).await
         }
     };
     let foos: Api<Foo> = ns.api();

@@ -12,10 +12,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::api::PostParams;
 use sample_controller::Foo;
-use sample_controller::api::constants::LABEL_MANAGED_BY;
-use sample_controller::api::deployment::desired_deployment;
-use sample_controller::api::shard::UNSHARDED;
-use sample_controller::client::FIELD_MANAGER;
+use sample_controller::testing::api::LABEL_MANAGED_BY;
+use sample_controller::testing::api::UNSHARDED;
+use sample_controller::testing::api::desired_deployment;
+use sample_controller::testing::client::FIELD_MANAGER;
 
 /// The demo, on the plane as a user's cluster, in namespace `ns`.
 fn demo(ns: &str) -> Output {

@@ -12,7 +12,7 @@ use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use kube::ResourceExt;
-use sample_controller::api::constants::POD_NAME_ENV;
+use sample_controller::testing::api::POD_NAME_ENV;
 use sample_controller::testing::metric_value;
 
 const IMAGE_ENV: &str = "SAMPLE_CONTROLLER_TEST_IMAGE";

@@ -15,7 +15,7 @@ use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
-use sample_controller::client::USER_AGENT;
+use sample_controller::testing::client::USER_AGENT;
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 

@@ -15,8 +15,8 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use sample_controller::Foo;
-use sample_controller::api::constants::REASON_SYNCED;
-use sample_controller::client::USER_AGENT;
+use sample_controller::testing::api::REASON_SYNCED;
+use sample_controller::testing::client::USER_AGENT;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -656,7 +656,7 @@ const PANICS_SERIES: &str = "controller_runtime_reconcile_panics_total{controlle
 /// with backoff, while the process, its other Foos and its Lease go on.
 #[tokio::test]
 async fn a_sync_that_panics_fails_alone_counted_logged_and_retried_and_the_leader_keeps_its_lease() {
-    use sample_controller::reconcile::sync::PANICS_IN_SYNC;
+    use sample_controller::testing::reconcile::PANICS_IN_SYNC;
     let ns = TestNamespace::new("panic").await;
     let mut op = spawn_candidate(&ns.name, LEASE, "panicky").await;
     let leader = holder_within(&ns, TIMEOUT).await;

@@ -14,9 +14,9 @@ use common::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use sample_controller::Foo;
-use sample_controller::api::constants::CONDITION_READY;
-use sample_controller::observe::metrics::Metrics;
-use sample_controller::reconcile::guard::reconcile;
+use sample_controller::testing::api::CONDITION_READY;
+use sample_controller::testing::observe::Metrics;
+use sample_controller::testing::reconcile::reconcile;
 use serde_json::json;
 
 /// How long each fault lasts here (the benchmark holds one for a minute).

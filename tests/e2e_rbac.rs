@@ -21,15 +21,15 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube_lease_fence::Elector;
-use sample_controller::api::constants::LABEL_MANAGED_BY;
-use sample_controller::api::deployment::desired_deployment;
-use sample_controller::api::leader_fence::{LeaderFence, LeaderFenceSpec};
-use sample_controller::api::shard::UNSHARDED;
-use sample_controller::app::leader_config;
-use sample_controller::client::watch::Paced;
-use sample_controller::reconcile::error::{ApiAction, SyncError};
-use sample_controller::serve::metrics_auth::{Access, MetricsAuth};
+use sample_controller::testing::api::LABEL_MANAGED_BY;
+use sample_controller::testing::api::UNSHARDED;
+use sample_controller::testing::api::desired_deployment;
+use sample_controller::testing::app::leader_config;
+use sample_controller::testing::client::Paced;
+use sample_controller::testing::reconcile::{ApiAction, SyncError};
+use sample_controller::testing::serve::{Access, MetricsAuth};
 use sample_controller::{Foo, FooSpec};
+use sample_controller::{LeaderFence, LeaderFenceSpec};
 use serde_json::{Value, json};
 
 const NS: &str = DEPLOY_NS;
@@ -412,7 +412,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     // Watching all namespaces with the default workers, as deployed. It
     // also meets every Foo the suites before it left in namespaces still
     // being deleted (hundreds, after the chaos suite), so its waits are long.
-    let workers = sample_controller::ops::cli::DEFAULT_WORKERS;
+    let workers = sample_controller::testing::ops::DEFAULT_WORKERS;
     let controller = start_controller_with(service_account_config(NS, &account.name).await, None, workers);
     let ns = TestNamespace::new("rbac").await;
     let foos: Api<Foo> = ns.api();

@@ -16,7 +16,7 @@ use kube::ResourceExt;
 use kube::api::{Patch, PatchParams, PostParams};
 use sample_controller::Foo;
 use sample_controller::FooSpec;
-use sample_controller::api::shard::Shard;
+use sample_controller::testing::api::Shard;
 use serde_json::json;
 
 /// The shards of these tests, as artifacts/shards has them: a selector, and
@@ -238,7 +238,7 @@ fn the_shards_example_binds_each_shards_fence_to_the_lease_its_selector_names() 
         built.split("\n---\n").map(|doc| serde_saphyr::from_str(doc).expect("a YAML document")).collect();
     let of_kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
     let fence_bindings = of_kind("ValidatingAdmissionPolicyBinding")
-        .filter(|b| b["spec"]["policyName"] == sample_controller::api::constants::FENCE_POLICY);
+        .filter(|b| b["spec"]["policyName"] == sample_controller::testing::api::FENCE_POLICY);
     let fenced: BTreeSet<String> =
         fence_bindings.map(|b| b["spec"]["paramRef"]["name"].as_str().unwrap().to_owned()).collect();
     let mut leases = BTreeSet::new();

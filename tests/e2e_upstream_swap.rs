@@ -19,10 +19,10 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{Event as CoreEvent, Pod};
 use kube::ResourceExt;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
-use sample_controller::api::constants::{
+use sample_controller::testing::api::{
     LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE, REASON_NOT_ADOPTED, message_not_adopted,
 };
-use sample_controller::client::USER_AGENT;
+use sample_controller::testing::client::USER_AGENT;
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 

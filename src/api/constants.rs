@@ -11,9 +11,9 @@
 pub const CONTROLLER_NAME: &str = "sample-controller";
 
 /// Labels of the Deployment, its selector and its pods — upstream's.
-pub const LABEL_APP: &str = "app";
-pub const LABEL_APP_VALUE: &str = "nginx";
-pub const LABEL_CONTROLLER: &str = "controller";
+pub(crate) const LABEL_APP: &str = "app";
+pub(crate) const LABEL_APP_VALUE: &str = "nginx";
+pub(crate) const LABEL_CONTROLLER: &str = "controller";
 
 /// Beyond upstream: a label on the Deployment's own metadata (not on the
 /// selector or pods, so adding it never rolls pods) that lets the controller
@@ -23,34 +23,34 @@ pub const LABEL_MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const LABEL_MANAGED_BY_VALUE: &str = "sample-controller";
 
 /// Container of the Deployment — upstream's.
-pub const CONTAINER_NAME: &str = "nginx";
+pub(crate) const CONTAINER_NAME: &str = "nginx";
 pub const CONTAINER_IMAGE: &str = "nginx:latest";
 
 /// Event reason when a sync made a change; upstream's `SuccessSynced`.
 pub const REASON_SYNCED: &str = "Synced";
 /// Event message for [`REASON_SYNCED`]; upstream's `MessageResourceSynced`.
-pub const MESSAGE_SYNCED: &str = "Foo synced successfully";
+pub(crate) const MESSAGE_SYNCED: &str = "Foo synced successfully";
 
 /// Event reason when the Deployment exists but another owner controls it;
 /// upstream's `ErrResourceExists`.
-pub const REASON_RESOURCE_EXISTS: &str = "ErrResourceExists";
+pub(crate) const REASON_RESOURCE_EXISTS: &str = "ErrResourceExists";
 
 /// Upstream's `MessageResourceExists`: `Resource %q already exists and is not
 /// managed by Foo`.
-pub fn message_resource_exists(deployment_name: &str) -> String {
+pub(crate) fn message_resource_exists(deployment_name: &str) -> String {
     format!("Resource {deployment_name:?} already exists and is not managed by Foo")
 }
 
 /// Event reason for a Foo whose spec cannot be acted on (an empty
 /// deploymentName is only possible under an older CRD without validation).
-pub const REASON_INVALID_SPEC: &str = "InvalidSpec";
-pub const MESSAGE_EMPTY_DEPLOYMENT_NAME: &str =
+pub(crate) const REASON_INVALID_SPEC: &str = "InvalidSpec";
+pub(crate) const MESSAGE_EMPTY_DEPLOYMENT_NAME: &str =
     "spec.deploymentName must be set to the name of the Deployment this Foo owns";
 
 /// Event reason when a Deployment this Foo controlled under its previous
 /// `spec.deploymentName` is deleted.
-pub const REASON_DELETED_OLD: &str = "DeletedOldDeployment";
-pub fn message_deleted_old(deployment_name: &str) -> String {
+pub(crate) const REASON_DELETED_OLD: &str = "DeletedOldDeployment";
+pub(crate) fn message_deleted_old(deployment_name: &str) -> String {
     format!("Deleted Deployment {deployment_name:?}, which this Foo no longer names")
 }
 
@@ -66,7 +66,7 @@ pub fn message_not_adopted(deployment_name: &str) -> String {
 }
 
 /// Event `action` fields (the Events API requires one; not shown by kubectl).
-pub const ACTION_RECONCILE: &str = "Reconcile";
+pub(crate) const ACTION_RECONCILE: &str = "Reconcile";
 
 /// The one condition a Foo carries: `Ready` is True when its Deployment is
 /// ours and has the desired replicas, so `kubectl wait --for=condition=Ready`
@@ -74,8 +74,8 @@ pub const ACTION_RECONCILE: &str = "Reconcile";
 pub const CONDITION_READY: &str = "Ready";
 
 /// Reasons of the `Ready` condition besides the event reasons above.
-pub const REASON_AVAILABLE: &str = "Available";
-pub const REASON_PROGRESSING: &str = "Progressing";
+pub(crate) const REASON_AVAILABLE: &str = "Available";
+pub(crate) const REASON_PROGRESSING: &str = "Progressing";
 
 /// The ValidatingAdmissionPolicy of deploy/11-leader-fence-policy.yaml: the API
 /// server names it in every refusal of its ("ValidatingAdmissionPolicy

@@ -17,7 +17,7 @@ use crate::api::shard::FollowedLabels;
 
 /// Labels shared by the Deployment's selector and its pods: upstream's
 /// `app: nginx` and `controller: <foo name>`.
-pub fn selector_labels(foo_name: &str) -> BTreeMap<String, String> {
+pub(crate) fn selector_labels(foo_name: &str) -> BTreeMap<String, String> {
     BTreeMap::from([
         (LABEL_APP.to_owned(), LABEL_APP_VALUE.to_owned()),
         (LABEL_CONTROLLER.to_owned(), foo_name.to_owned()),
@@ -36,21 +36,21 @@ pub fn managed_selector() -> String {
 /// on the selector and the pods only, not on the Deployment, so nothing
 /// narrows the search further; the pass lists metadata only, once, and then
 /// checks each owner by uid ([`is_controlled_by`]).
-pub fn unmanaged_selector() -> String {
+pub(crate) fn unmanaged_selector() -> String {
     format!("!{LABEL_MANAGED_BY}")
 }
 
 /// True when the Deployment carries our managed-by label, so our watch sees
 /// it. A Deployment a Foo controls without it is adopted: labelled, nothing
 /// else changed.
-pub fn has_managed_label<K: Resource>(deployment: &K) -> bool {
+pub(crate) fn has_managed_label<K: Resource>(deployment: &K) -> bool {
     deployment.labels().get(LABEL_MANAGED_BY).is_some_and(|v| v == LABEL_MANAGED_BY_VALUE)
 }
 
 /// The controller ownerReference a Deployment of this Foo carries, so the
 /// garbage collector deletes it with the Foo. `None` when the Foo has no uid
 /// (never the case for an object read from the API server).
-pub fn owner_reference(foo: &Foo) -> Option<OwnerReference> {
+pub(crate) fn owner_reference(foo: &Foo) -> Option<OwnerReference> {
     // kube's helper sets `controller` only; upstream (metav1.NewControllerRef)
     // also blocks the Foo's foreground deletion until the Deployment is gone.
     let mut owner = foo.controller_owner_ref(&())?;
@@ -60,7 +60,7 @@ pub fn owner_reference(foo: &Foo) -> Option<OwnerReference> {
 
 /// The controller ownerReference of `obj` (`controller: true`), as Go's
 /// `metav1.GetControllerOf`: the one lookup every ownership test uses.
-pub fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
+pub(crate) fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
     obj.meta().owner_references.iter().flatten().find(|o| o.controller == Some(true))
 }
 
@@ -68,7 +68,7 @@ pub fn controller_of<K: Resource>(obj: &K) -> Option<&OwnerReference> {
 /// a Foo (apiVersion and kind), read by kube-runtime's own rule — the one by
 /// which its `Controller` maps an owned object to its owner. The reference's
 /// uid is in the result's `extra.uid`.
-pub fn controlling_foo<K: Resource>(obj: &K) -> Option<ObjectRef<Foo>> {
+pub(crate) fn controlling_foo<K: Resource>(obj: &K) -> Option<ObjectRef<Foo>> {
     ObjectRef::from_owner_ref(obj.meta().namespace.as_deref(), controller_of(obj)?, ())
 }
 
@@ -76,7 +76,7 @@ pub fn controlling_foo<K: Resource>(obj: &K) -> Option<ObjectRef<Foo>> {
 /// uid. Names are not enough: a Foo deleted and re-created under the same
 /// name is a different owner, and its predecessor's Deployment is not its to
 /// modify.
-pub fn is_controlled_by<K: Resource>(deployment: &K, foo: &Foo) -> bool {
+pub(crate) fn is_controlled_by<K: Resource>(deployment: &K, foo: &Foo) -> bool {
     let Some(uid) = foo.meta().uid.as_deref() else {
         return false;
     };

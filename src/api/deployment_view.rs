@@ -22,34 +22,34 @@ pub struct DeploymentView {
     /// Read without annotations, finalizers, managedFields and owners other
     /// than the controller ([`crate::api::wire::metadata`]).
     #[serde(deserialize_with = "crate::api::wire::metadata")]
-    pub metadata: ObjectMeta,
+    pub(crate) metadata: ObjectMeta,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub spec: Option<ViewSpec>,
+    pub(crate) spec: Option<ViewSpec>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<ViewStatus>,
+    pub(crate) status: Option<ViewStatus>,
     /// Our managed-by label was on it when the cache dropped its labels
     /// ([`crate::cache::trim_deployment`]): one bool instead of a map per
     /// Deployment. Read through [`DeploymentView::is_managed`].
     #[serde(skip)]
-    pub managed: bool,
+    pub(crate) managed: bool,
     /// The shard labels it carried, once the cache dropped its labels
     /// ([`crate::cache::trim_deployment`]): one map its shard's Deployments
     /// share. `None` on a view that keeps its labels (read afresh).
     #[serde(skip)]
-    pub shard_labels: Option<Arc<FollowedLabels>>,
+    pub(crate) shard_labels: Option<Arc<FollowedLabels>>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct ViewSpec {
+pub(crate) struct ViewSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replicas: Option<i32>,
+    pub(crate) replicas: Option<i32>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
-pub struct ViewStatus {
+pub(crate) struct ViewStatus {
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub available_replicas: Option<i32>,
+    pub(crate) available_replicas: Option<i32>,
 }
 
 impl k8s_openapi::Resource for DeploymentView {
@@ -90,20 +90,20 @@ impl DeploymentView {
     /// Replicas the Deployment asks for. The API server defaults an unset
     /// value to 1, so unset reads as 1 — as upstream reads
     /// `*deployment.Spec.Replicas`.
-    pub fn spec_replicas(&self) -> i32 {
+    pub(crate) fn spec_replicas(&self) -> i32 {
         self.spec.as_ref().and_then(|s| s.replicas).unwrap_or(DEFAULT_REPLICAS)
     }
 
     /// True when it carries our managed-by label (or did, before the cache
     /// trimmed its labels away), so our label-filtered watch sees it.
-    pub fn is_managed(&self) -> bool {
+    pub(crate) fn is_managed(&self) -> bool {
         self.managed || has_managed_label(self)
     }
 
     /// The `followed` labels whose value on this Deployment differs from its
     /// Foo's, each with the Foo's value (`None`: remove it). Empty when the
     /// Deployment is in its Foo's shard.
-    pub fn relabelling(&self, followed: &FollowedLabels) -> FollowedLabels {
+    pub(crate) fn relabelling(&self, followed: &FollowedLabels) -> FollowedLabels {
         let carried = |key: &String| match &self.shard_labels {
             Some(kept) => kept.get(key).and_then(Option::as_ref),
             None => self.metadata.labels.as_ref().and_then(|l| l.get(key)),
@@ -112,7 +112,7 @@ impl DeploymentView {
     }
 
     /// `status.availableReplicas`, 0 when not reported yet.
-    pub fn available_replicas(&self) -> i32 {
+    pub(crate) fn available_replicas(&self) -> i32 {
         self.status.as_ref().and_then(|s| s.available_replicas).unwrap_or(0)
     }
 }

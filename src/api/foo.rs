@@ -12,19 +12,19 @@ use crate::api::constants::CONDITION_READY;
 /// A DNS-1123 subdomain, the rule Kubernetes applies to Deployment names.
 /// Checked by the API server so a bad name is refused at `kubectl apply`,
 /// not discovered later by a failing reconcile.
-pub const DNS1123_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
+pub(crate) const DNS1123_SUBDOMAIN: &str = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$";
 
 /// What the API server says of a `spec.deploymentName` that is not one.
-pub const MESSAGE_BAD_DEPLOYMENT_NAME: &str = "must be a valid Deployment name: a DNS-1123 subdomain of lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (for example 'example-foo')";
+pub(crate) const MESSAGE_BAD_DEPLOYMENT_NAME: &str = "must be a valid Deployment name: a DNS-1123 subdomain of lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (for example 'example-foo')";
 
 /// Longest Foo name: the name is the value of the `controller` label of its
 /// Deployment and pods, and label values have at most 63 characters.
-pub const MAX_NAME_LENGTH: usize = 63;
+pub(crate) const MAX_NAME_LENGTH: usize = 63;
 
 /// What the API server says of a Foo name longer than [`MAX_NAME_LENGTH`].
 // The number is written out (a const cannot be formatted into a const
 // &str); a test checks it is MAX_NAME_LENGTH.
-pub const MESSAGE_NAME_TOO_LONG: &str = "metadata.name must be at most 63 characters: it is the value of the 'controller' label on the Foo's Deployment and pods, and label values are limited to 63 characters";
+pub(crate) const MESSAGE_NAME_TOO_LONG: &str = "metadata.name must be at most 63 characters: it is the value of the 'controller' label on the Foo's Deployment and pods, and label values are limited to 63 characters";
 
 /// The desired state of a Foo: a Deployment of that name with that many
 /// replicas.
@@ -80,7 +80,7 @@ pub struct FooSpec {
 
 /// The API server's default replicas for a Deployment that sets none:
 /// what a Foo without `spec.replicas` gets, and what an unset field reads as.
-pub const DEFAULT_REPLICAS: i32 = 1;
+pub(crate) const DEFAULT_REPLICAS: i32 = 1;
 
 impl FooSpec {
     /// The replicas a new Deployment for this Foo has.

@@ -3,10 +3,10 @@
 //! it, the labels an operator's shard is chosen by, and the LeaderFence the
 //! API server's leader fence reads. No requests here.
 
-pub mod constants;
-pub mod deployment;
-pub mod deployment_view;
-pub mod foo;
-pub mod leader_fence;
-pub mod shard;
-pub mod wire;
+pub(crate) mod constants;
+pub(crate) mod deployment;
+pub(crate) mod deployment_view;
+pub(crate) mod foo;
+pub(crate) mod leader_fence;
+pub(crate) mod shard;
+pub(crate) mod wire;

@@ -22,9 +22,10 @@ use crate::client::label_selector::{self, key_of};
 /// The labels of a Foo its Deployment follows: each key the selector names,
 /// with the Foo's value, or `None` where the Foo lacks it (the Deployment
 /// must lack it too).
-pub type FollowedLabels = BTreeMap<String, Option<String>>;
+pub(crate) type FollowedLabels = BTreeMap<String, Option<String>>;
 
-/// No shard: every Foo, and no label followed.
+/// No shard: every Foo, and no label followed (the tests' default).
+#[cfg(any(test, feature = "test-fixtures"))]
 pub const UNSHARDED: &FollowedLabels = &BTreeMap::new();
 
 /// The Foos this instance owns: all of them, or those a label selector picks.
@@ -80,12 +81,12 @@ impl Shard {
     }
 
     /// The selector for the API server's lists and watches; `None` for all.
-    pub fn selector(&self) -> Option<String> {
+    pub(crate) fn selector(&self) -> Option<String> {
         self.selector.as_ref().map(Selector::to_string)
     }
 
     /// `selector` narrowed to this shard: both must match.
-    pub fn narrow(&self, selector: &str) -> String {
+    pub(crate) fn narrow(&self, selector: &str) -> String {
         match self.selector() {
             Some(shard) => format!("{selector},{shard}"),
             None => selector.to_owned(),
@@ -93,13 +94,13 @@ impl Shard {
     }
 
     /// True when a label with this key is one the Deployments follow.
-    pub fn is_followed(&self, key: &str) -> bool {
+    pub(crate) fn is_followed(&self, key: &str) -> bool {
         self.keys.contains(key)
     }
 
     /// The labels a Foo's Deployment must carry (or lack) to stay in the
     /// Foo's shard: the Foo's values of the keys the selector names.
-    pub fn follow(&self, foo_labels: Option<&BTreeMap<String, String>>) -> FollowedLabels {
+    pub(crate) fn follow(&self, foo_labels: Option<&BTreeMap<String, String>>) -> FollowedLabels {
         self.keys.iter().map(|k| (k.clone(), foo_labels.and_then(|l| l.get(k)).cloned())).collect()
     }
 
@@ -110,7 +111,7 @@ impl Shard {
     /// delivers carries `shard=a`, so that is not worth keeping. Trim once,
     /// what the API server sent: a trimmed `None` trimmed again would read
     /// as "no shard label".
-    pub fn trim_labels(&self, labels: &mut Option<BTreeMap<String, String>>) {
+    pub(crate) fn trim_labels(&self, labels: &mut Option<BTreeMap<String, String>>) {
         let mut kept = labels.take().unwrap_or_default();
         kept.retain(|k, _| self.is_followed(k));
         let implied = match &self.fixed {
@@ -123,7 +124,7 @@ impl Shard {
     }
 
     /// [`Shard::follow`] for labels trimmed by [`Shard::trim_labels`].
-    pub fn follow_cached(&self, labels: Option<&BTreeMap<String, String>>) -> FollowedLabels {
+    pub(crate) fn follow_cached(&self, labels: Option<&BTreeMap<String, String>>) -> FollowedLabels {
         match (labels, &self.fixed) {
             (None, Some(fixed)) => (**fixed).clone(),
             _ => self.follow(labels),
@@ -133,7 +134,7 @@ impl Shard {
     /// The followed labels of a cached Deployment, shared by every one that
     /// carries the fixed labels, or none of the followed ones (one pointer
     /// each instead of a map); a map of its own otherwise.
-    pub fn follow_shared(&self, labels: Option<&BTreeMap<String, String>>) -> Arc<FollowedLabels> {
+    pub(crate) fn follow_shared(&self, labels: Option<&BTreeMap<String, String>>) -> Arc<FollowedLabels> {
         match &self.fixed {
             Some(fixed) if carries(labels, fixed) => fixed.clone(),
             _ if carries(labels, &self.absent) => self.absent.clone(),

@@ -42,7 +42,7 @@ struct Slim {
 /// `metadata` as a sync reads it: identity, resourceVersion, generation,
 /// creation and deletion, labels, and the controller ownerReference alone
 /// (no annotations, finalizers, managedFields or other owners).
-pub fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
+pub(crate) fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error> {
     let slim = Slim::deserialize(d)?;
     Ok(ObjectMeta {
         name: slim.name,
@@ -60,7 +60,7 @@ pub fn metadata<'de, D: Deserializer<'de>>(d: D) -> Result<ObjectMeta, D::Error>
 
 /// The controller ownerReference of a list of them (the first with
 /// `controller: true`), dropping the others as they are read.
-pub fn controller_reference<'de, D: Deserializer<'de>>(d: D) -> Result<Option<OwnerReference>, D::Error> {
+pub(crate) fn controller_reference<'de, D: Deserializer<'de>>(d: D) -> Result<Option<OwnerReference>, D::Error> {
     struct Controller;
     impl<'de> Visitor<'de> for Controller {
         type Value = Option<OwnerReference>;
@@ -86,7 +86,7 @@ pub fn controller_reference<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Ow
 /// A Foo as the API server sends it, its metadata read by [`metadata`]:
 /// what the Foo watch decodes, and the status write's response.
 #[derive(Clone, Debug, Deserialize)]
-pub struct FooWire {
+pub(crate) struct FooWire {
     #[serde(deserialize_with = "metadata")]
     metadata: ObjectMeta,
     spec: FooSpec,
@@ -126,7 +126,7 @@ impl Resource for FooWire {
 }
 
 /// A watch event of [`FooWire`]s as one of Foos.
-pub fn foo_event(event: watcher::Event<FooWire>) -> watcher::Event<Foo> {
+pub(crate) fn foo_event(event: watcher::Event<FooWire>) -> watcher::Event<Foo> {
     use watcher::Event::*;
     match event {
         Apply(foo) => Apply(foo.into()),

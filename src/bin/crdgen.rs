@@ -7,8 +7,7 @@
 use std::collections::BTreeMap;
 
 use kube::CustomResourceExt;
-use sample_controller::Foo;
-use sample_controller::api::leader_fence::LeaderFence;
+use sample_controller::{Foo, LeaderFence};
 
 /// The labels Kubernetes recommends, as every object of deploy/ has them.
 fn deploy_labels(component: &str) -> BTreeMap<String, String> {

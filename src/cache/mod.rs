@@ -68,7 +68,7 @@ impl Caches {
     /// Resolves once both caches hold their first full list: `true`; or
     /// `false` once a watch ended before its first list (the controller
     /// stopped).
-    pub async fn synced(&self) -> bool {
+    pub(crate) async fn synced(&self) -> bool {
         self.foos.synced().await && self.deployments.synced().await
     }
 }
@@ -119,21 +119,21 @@ where
     /// The object as we know it: the cached one, or what the API server
     /// returned to our last write of it if the cache has not seen that yet.
     /// `None` if it does not exist (or we deleted it).
-    pub fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
+    pub(crate) fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
         self.written().resolve(key, self.store.get(key))
     }
 
     /// The newest version we know of `obj`, a copy the store handed out
     /// earlier: the store's current one (the watch may have delivered our
     /// write since, and cleared our record of it), or our write.
-    pub fn latest(&self, obj: Arc<K>) -> Arc<K> {
+    pub(crate) fn latest(&self, obj: Arc<K>) -> Arc<K> {
         let key = ObjectRef::from_obj(&*obj);
         let cached = self.store.get(&key).unwrap_or_else(|| obj.clone());
         self.written().resolve(&key, Some(cached)).unwrap_or(obj)
     }
 
     /// Cached objects matching `predicate`, as [`Cache::get`] sees them.
-    pub fn filter(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+    pub(crate) fn filter(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
         let written = self.written();
         self.store
             .state_filter(&predicate)
@@ -146,7 +146,7 @@ where
     /// Cached objects whose controller (the ownerReference with `controller:
     /// true`) has `uid`, as [`Cache::get`] sees them: found through an index,
     /// so a sync costs the same with ten or ten thousand objects cached.
-    pub fn controlled_by(&self, uid: &str) -> Vec<Arc<K>> {
+    pub(crate) fn controlled_by(&self, uid: &str) -> Vec<Arc<K>> {
         let keys = self.controlled.lock().keys(uid);
         keys.iter().filter_map(|key| self.get(key)).filter(|obj| controller_uid(&**obj) == Some(uid)).collect()
     }
@@ -154,7 +154,7 @@ where
     /// Record what the API server returned to our write (`None`: we deleted
     /// the object `before`). `before` is the version the write was based on
     /// (`None` for a create).
-    pub fn wrote(&self, before: Option<&K>, after: Option<K>) {
+    pub(crate) fn wrote(&self, before: Option<&K>, after: Option<K>) {
         let after = after.map(|mut obj| {
             (self.trim)(&mut obj);
             Arc::new(obj)
@@ -164,12 +164,12 @@ where
 
     /// Resolves once the first full list has been stored: `true`; `false`
     /// if the cache was dropped first.
-    pub async fn synced(&self) -> bool {
+    pub(crate) async fn synced(&self) -> bool {
         self.synced.subscribe().wait_for(|synced| *synced).await.is_ok()
     }
 
     /// The reader the controller schedules syncs from.
-    pub fn store(&self) -> Store<K> {
+    pub(crate) fn store(&self) -> Store<K> {
         self.store.clone()
     }
 
@@ -237,7 +237,7 @@ pub fn trim_foo(shard: &Shard) -> impl Fn(&mut Foo) + Send + Sync + 'static {
 /// `obj`'s key by name and namespace only, which is all keys compare on:
 /// [`ObjectRef::from_obj`] also copies the uid and resourceVersion, about 80
 /// bytes more for each of the tens of thousands of entries a map keeps.
-pub fn by_name<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectRef<K> {
+pub(crate) fn by_name<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectRef<K> {
     let meta = obj.meta();
     let key = ObjectRef::new(meta.name.as_deref().unwrap_or_default());
     match &meta.namespace {

@@ -9,12 +9,12 @@ use std::collections::BTreeSet;
 use kube::core::Expression;
 
 /// The requirements of `text`, in the order written.
-pub fn parse(text: &str) -> Result<Vec<Expression>, String> {
+pub(crate) fn parse(text: &str) -> Result<Vec<Expression>, String> {
     split_requirements(text)?.into_iter().map(requirement).collect()
 }
 
 /// The label key `e` is about.
-pub fn key_of(e: &Expression) -> &str {
+pub(crate) fn key_of(e: &Expression) -> &str {
     match e {
         Expression::In(k, _)
         | Expression::NotIn(k, _)

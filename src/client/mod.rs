@@ -14,9 +14,9 @@
 //! (5 ms doubling to 1000 s, 15 tries), so after a minute of refusals it
 //! waited tens of seconds more than the server asked for.
 
-pub mod label_selector;
-pub mod retry;
-pub mod watch;
+pub(crate) mod label_selector;
+pub(crate) mod retry;
+pub(crate) mod watch;
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -49,9 +49,9 @@ pub const USER_AGENT: &str = concat!("sample-controller/", env!("CARGO_PKG_VERSI
 
 /// Retries of one request the server asked to be retried later, as
 /// client-go's `maxRetries`.
-pub const MAX_RETRIES: u32 = 10;
+pub(crate) const MAX_RETRIES: u32 = 10;
 /// The longest `Retry-After` taken as sent.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
 /// Requests queued for the retry layer (it needs a cloneable service).
 const QUEUED: usize = 1024;
 
@@ -75,7 +75,7 @@ pub enum ConfigError {
 /// kube's inference (~/.kube/config, then in-cluster); `master` overrides
 /// the server address, as upstream's `clientcmd.BuildConfigFromFlags`, which
 /// with a master and no kubeconfig reads no kubeconfig at all: no credentials.
-pub async fn config(kubeconfig: Option<&str>, master: Option<&Uri>) -> Result<Config, ConfigError> {
+pub(crate) async fn config(kubeconfig: Option<&str>, master: Option<&Uri>) -> Result<Config, ConfigError> {
     let mut config = match (kubeconfig, master) {
         (Some(path), _) => {
             let error = |source| ConfigError::Kubeconfig { path: path.to_owned(), source };
@@ -116,7 +116,7 @@ where
 }
 
 /// Every merge patch's parameters: our field manager.
-pub fn patch_params() -> PatchParams {
+pub(crate) fn patch_params() -> PatchParams {
     PatchParams { field_manager: Some(FIELD_MANAGER.into()), ..PatchParams::default() }
 }
 
@@ -127,7 +127,7 @@ pub fn patch_params() -> PatchParams {
 /// through a synchronous bridge. With a `T` that skips what it does not
 /// need ([`crate::api::wire`]), a response's size costs no memory, and the
 /// common small response costs no thread.
-pub async fn send_streamed<T>(client: &Client, request: http::Request<Vec<u8>>) -> kube::Result<T>
+pub(crate) async fn send_streamed<T>(client: &Client, request: http::Request<Vec<u8>>) -> kube::Result<T>
 where
     T: serde::de::DeserializeOwned + Send + 'static,
 {
@@ -161,18 +161,18 @@ const IN_PLACE: u64 = 64 * 1024;
 /// time, with a YAML parser, only to find unknown fields to warn of in a
 /// header this client never reads (1.8 % of the API server's CPU while
 /// 10 000 Foos converged: docs/api-cost.md).
-pub fn apply_params() -> PatchParams {
+pub(crate) fn apply_params() -> PatchParams {
     PatchParams::apply(FIELD_MANAGER).force().validation_ignore()
 }
 
 /// Every create's and replace's parameters: our field manager.
-pub fn post_params() -> PostParams {
+pub(crate) fn post_params() -> PostParams {
     PostParams { field_manager: Some(FIELD_MANAGER.into()), ..PostParams::default() }
 }
 
 /// What the server asked in `response`: to be asked again after this long.
 /// client-go's rule: a 429 or a 5xx with a `Retry-After` in seconds.
-pub fn retry_after<B>(response: &Response<B>) -> Option<Duration> {
+pub(crate) fn retry_after<B>(response: &Response<B>) -> Option<Duration> {
     let status = response.status();
     if status != http::StatusCode::TOO_MANY_REQUESTS && !status.is_server_error() {
         return None;
@@ -187,7 +187,7 @@ pub fn retry_after<B>(response: &Response<B>) -> Option<Duration> {
 /// at most [`MAX_RETRIES`] times; anything else goes back to the caller,
 /// whose own backoff decides (the watches' pacing, a sync's retry).
 #[derive(Clone, Debug)]
-pub struct RetryAfter {
+pub(crate) struct RetryAfter {
     left: u32,
 }
 

@@ -21,16 +21,16 @@ use parking_lot::Mutex;
 /// The first retry after the API server failed or refused a request (a
 /// sync's, a watch's): answering a failing server within milliseconds would
 /// add to its load.
-pub const FIRST_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const FIRST_RETRY: Duration = Duration::from_secs(1);
 
 /// Per-object retry delay after a failed sync: upstream's workqueue default,
 /// 5 ms doubling up to 1000 s.
-pub const BACKOFF_BASE: Duration = Duration::from_millis(5);
-pub const BACKOFF_MAX: Duration = Duration::from_secs(1000);
+pub(crate) const BACKOFF_BASE: Duration = Duration::from_millis(5);
+pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(1000);
 
 /// Consecutive failures per object (a Foo, for the syncs); an object leaves
 /// the map with its next success, or once it is deleted.
-pub struct Failures<K: Resource<DynamicType = ()>> {
+pub(crate) struct Failures<K: Resource<DynamicType = ()>> {
     counts: Mutex<HashMap<ObjectRef<K>, u32>>,
 }
 
@@ -43,7 +43,7 @@ impl<K: Resource<DynamicType = ()>> Default for Failures<K> {
 impl<K: Resource<DynamicType = ()>> Failures<K> {
     /// The delay before the next retry of `obj`, counting this failure;
     /// `exists` says whether an object is still cached.
-    pub fn next_delay(&self, obj: ObjectRef<K>, exists: impl Fn(&ObjectRef<K>) -> bool) -> Duration {
+    pub(crate) fn next_delay(&self, obj: ObjectRef<K>, exists: impl Fn(&ObjectRef<K>) -> bool) -> Duration {
         let mut counts = self.counts.lock();
         if !counts.contains_key(&obj) {
             // Forget objects deleted while failing, so the map stays as small
@@ -56,26 +56,26 @@ impl<K: Resource<DynamicType = ()>> Failures<K> {
         delay
     }
 
-    pub fn reset(&self, obj: &ObjectRef<K>) {
+    pub(crate) fn reset(&self, obj: &ObjectRef<K>) {
         self.counts.lock().remove(obj);
     }
 }
 
 /// `BACKOFF_BASE * 2^failures`, capped at `BACKOFF_MAX`.
-pub fn backoff_delay(failures: u32) -> Duration {
+pub(crate) fn backoff_delay(failures: u32) -> Duration {
     BACKOFF_BASE.checked_mul(1u32.checked_shl(failures).unwrap_or(u32::MAX)).map_or(BACKOFF_MAX, |d| d.min(BACKOFF_MAX))
 }
 
 /// The wait before a retry, given the Foo's `backoff`: no less than
 /// [`FIRST_RETRY`] when the server failed the request or its leader fence
 /// refused it (`slowly`).
-pub fn retry_delay(backoff: Duration, slowly: bool) -> Duration {
+pub(crate) fn retry_delay(backoff: Duration, slowly: bool) -> Duration {
     if slowly { backoff.max(FIRST_RETRY) } else { backoff }
 }
 
 /// `delay` lengthened by up to a quarter at random (`random` in [0, 1)), so
 /// that clients refused together do not come back in step.
-pub fn with_jitter(delay: Duration, random: f64) -> Duration {
+pub(crate) fn with_jitter(delay: Duration, random: f64) -> Duration {
     delay.mul_f64(1.0 + 0.25 * random.clamp(0.0, 1.0))
 }
 

@@ -31,17 +31,17 @@ use crate::client::retry::{FIRST_RETRY, with_jitter};
 
 /// The longest a failing watch waits between tries, before jitter: the
 /// longest the controller stays deaf after the server recovers.
-pub const MAX_RETRY: Duration = Duration::from_secs(2);
+pub(crate) const MAX_RETRY: Duration = Duration::from_secs(2);
 /// The retry of a watch or list whose connection was refused: no API server
 /// is there to load, and its return is noticed within this (jittered).
-pub const REFUSED_RETRY: Duration = Duration::from_millis(250);
+pub(crate) const REFUSED_RETRY: Duration = Duration::from_millis(250);
 /// After this long without a failure, the next one starts from
 /// [`FIRST_RETRY`] again (client-go's reflector resets after 2 minutes).
-pub const HEALTHY_RESET: Duration = Duration::from_secs(120);
+pub(crate) const HEALTHY_RESET: Duration = Duration::from_secs(120);
 
 /// When a failing watch tries again: a pure rule over its failures.
 #[derive(Debug, Default)]
-pub struct Pacing {
+pub(crate) struct Pacing {
     failures: u32,
     last_failure: Option<Instant>,
 }
@@ -50,7 +50,7 @@ impl Pacing {
     /// The delay before the next try, counting a failure at `now`.
     /// `retry_after` is what the server asked for, if it did; `jitter` is a
     /// random number in [0, 1).
-    pub fn failed(&mut self, now: Instant, retry_after: Option<Duration>, jitter: f64) -> Duration {
+    pub(crate) fn failed(&mut self, now: Instant, retry_after: Option<Duration>, jitter: f64) -> Duration {
         if self.last_failure.is_some_and(|last| now.duration_since(last) >= HEALTHY_RESET) {
             self.failures = 0;
         }
@@ -84,7 +84,7 @@ impl kube_lease_fence::Watches for Paced {
 
 /// A watch of `api` with `config`, paced by [`Pacing`]; errors are passed on
 /// (the controller logs them) after which the next try waits.
-pub fn watch<K>(
+pub(crate) fn watch<K>(
     api: kube::Api<K>,
     config: watcher::Config,
 ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static
@@ -117,7 +117,7 @@ where
 /// True when a watch could not start or went on because nothing accepted
 /// the connection: the API server's process is gone, and its successor's
 /// watch cache will not know the old resourceVersion.
-pub fn server_gone(e: &watcher::Error) -> bool {
+pub(crate) fn server_gone(e: &watcher::Error) -> bool {
     matches!(e, watcher::Error::WatchStartFailed(_) | watcher::Error::WatchFailed(_)) && refused(e)
 }
 
@@ -136,7 +136,7 @@ fn status_wait(e: &watcher::Error) -> Option<Duration> {
 }
 
 /// True when nothing accepted the connection of the request that failed.
-pub fn refused(e: &watcher::Error) -> bool {
+pub(crate) fn refused(e: &watcher::Error) -> bool {
     match e {
         watcher::Error::WatchStartFailed(e) | watcher::Error::WatchFailed(e) | watcher::Error::InitialListFailed(e) => {
             connection_refused(e)

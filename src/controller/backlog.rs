@@ -32,14 +32,14 @@ use crate::observe::queue_metrics::{Key, Priority, QueueMetrics, queue_key};
 /// worker besides the one it runs, so that no worker waits for the next
 /// (room is made the moment a worker takes a Foo), and few enough that a
 /// change among them is taken soon whatever order the queue takes them in.
-pub const ROOM_PER_WORKER: usize = 2;
+pub(crate) const ROOM_PER_WORKER: usize = 2;
 
 /// Entries a drained backlog keeps room for; a larger table is let go.
 const ROOM_KEPT: usize = 64;
 
 /// Which way a Foo's first sync goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Lane {
+pub(crate) enum Lane {
     /// Straight into the controller's queue.
     Now,
     /// Through the backlog, behind what changes meanwhile.
@@ -61,7 +61,7 @@ impl Lane {
 /// sync when last synced, and most likely still is); now when it was not
 /// (a new Foo, one edited since, or one only upstream's controller synced,
 /// which writes no observedGeneration).
-pub fn first_sync_lane(foo: &Foo) -> Lane {
+pub(crate) fn first_sync_lane(foo: &Foo) -> Lane {
     let observed = foo.status.as_ref().and_then(|s| s.observed_generation);
     match (observed, foo.metadata.generation) {
         (Some(observed), Some(generation)) if observed == generation => Lane::Later,
@@ -92,13 +92,13 @@ struct State {
 impl Backlog {
     /// A backlog that lets in `workers` × [`ROOM_PER_WORKER`] Foos at a
     /// time. What it is pushed counts as the workqueue's adds.
-    pub fn new(workers: u16, queue: Arc<QueueMetrics>) -> Self {
+    pub(crate) fn new(workers: u16, queue: Arc<QueueMetrics>) -> Self {
         let room = usize::from(workers.max(1)) * ROOM_PER_WORKER;
         Backlog { state: Mutex::default(), changed: Notify::new(), room, queue }
     }
 
     /// Sync `foo`, by `lane`.
-    pub fn push(&self, foo: ObjectRef<Foo>, lane: Lane) {
+    pub(crate) fn push(&self, foo: ObjectRef<Foo>, lane: Lane) {
         self.queue.added_as(queue_key(&foo), lane.priority());
         self.state.lock().push(foo, lane);
         self.changed.notify_one();
@@ -106,7 +106,7 @@ impl Backlog {
 
     /// Sync every one of `foos` (taking the Lease), each by its
     /// [`first_sync_lane`].
-    pub fn push_all(&self, foos: impl IntoIterator<Item = Arc<Foo>>) {
+    pub(crate) fn push_all(&self, foos: impl IntoIterator<Item = Arc<Foo>>) {
         let pushed: Vec<_> = foos.into_iter().map(|foo| (by_name(&*foo), first_sync_lane(&foo))).collect();
         pushed.iter().for_each(|(foo, lane)| self.queue.added_as(queue_key(foo), lane.priority()));
         let mut state = self.state.lock();
@@ -119,7 +119,7 @@ impl Backlog {
     /// that frees room for the next. Any sync of that Foo does, even one
     /// another trigger started before the backlog's reached the queue: then
     /// one more waits there for a moment, no harm done.
-    pub fn taken(&self, key: &str) {
+    pub(crate) fn taken(&self, key: &str) {
         if self.state.lock().let_in.remove(key) {
             self.changed.notify_one();
         }
@@ -127,7 +127,7 @@ impl Backlog {
 
     /// The Foos to sync, as the backlog lets them in; for the controller's
     /// `reconcile_on`. Never ends.
-    pub fn stream(self: Arc<Self>) -> impl Stream<Item = ObjectRef<Foo>> + Send + 'static {
+    pub(crate) fn stream(self: Arc<Self>) -> impl Stream<Item = ObjectRef<Foo>> + Send + 'static {
         futures::stream::unfold(self, |backlog| async move {
             loop {
                 // `Notify` keeps a wake-up given while nobody waited, so

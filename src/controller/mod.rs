@@ -3,8 +3,8 @@
 //! concerns, run by kube-runtime's `Controller` ([`crate::reconcile::sync`]
 //! carries a sync out).
 
-pub mod backlog;
-pub mod triggers;
+pub(crate) mod backlog;
+pub(crate) mod triggers;
 
 use std::sync::Arc;
 use std::time::Duration;

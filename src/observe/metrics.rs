@@ -36,18 +36,18 @@ use crate::observe::queue_metrics::QueueMetrics;
 /// `SAMPLE_CONTROLLER_REVISION` for the image's build (the commit, with
 /// `-modified` when the tree differed from it); any other build says
 /// `unknown`. The `revision` label of `sample_controller_build_info`.
-pub const REVISION: &str = match option_env!("SAMPLE_CONTROLLER_REVISION") {
+pub(crate) const REVISION: &str = match option_env!("SAMPLE_CONTROLLER_REVISION") {
     Some(revision) => revision,
     None => "unknown",
 };
 
 /// Name used for the controller in metrics labels (`controller="foo"`), as
 /// controller-runtime names a controller after the kind it reconciles.
-pub const METRICS_CONTROLLER_LABEL: &str = "foo";
+pub(crate) const METRICS_CONTROLLER_LABEL: &str = "foo";
 
 /// The states of `sample_controller_leader_fence{state}` a leader reports
 /// (the elector's `FenceState` labels; a standby reports none).
-pub const FENCE_STATES: [&str; 3] = ["in_place", "open", "not_installed"];
+pub(crate) const FENCE_STATES: [&str; 3] = ["in_place", "open", "not_installed"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ControllerLabels {
@@ -79,18 +79,18 @@ struct FenceLabels {
 /// client-go's `rest_client_requests_total` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestLabels {
-    pub code: String,
-    pub method: String,
-    pub host: String,
+    pub(crate) code: String,
+    pub(crate) method: String,
+    pub(crate) host: String,
 }
 
 /// Result label values, as controller-runtime's. `requeue` (an immediate,
 /// rate-limited requeue) has no kube-runtime equivalent and stays at zero;
 /// it is registered so dashboards find the series.
-pub const RESULT_SUCCESS: &str = "success";
-pub const RESULT_ERROR: &str = "error";
-pub const RESULT_REQUEUE: &str = "requeue";
-pub const RESULT_REQUEUE_AFTER: &str = "requeue_after";
+pub(crate) const RESULT_SUCCESS: &str = "success";
+pub(crate) const RESULT_ERROR: &str = "error";
+pub(crate) const RESULT_REQUEUE: &str = "requeue";
+pub(crate) const RESULT_REQUEUE_AFTER: &str = "requeue_after";
 
 /// controller-runtime's reconcile-time buckets: 5 ms .. 60 s.
 const RECONCILE_TIME_BUCKETS: [f64; 40] = [
@@ -273,7 +273,7 @@ impl Metrics {
 
     /// Record one finished reconcile: an error, a requeue after a delay, or
     /// a success (nothing more to do until something changes).
-    pub fn observe_reconcile<E>(&self, took: Duration, outcome: Result<&Action, &E>) {
+    pub(crate) fn observe_reconcile<E>(&self, took: Duration, outcome: Result<&Action, &E>) {
         let result = match outcome {
             Err(_) => RESULT_ERROR,
             Ok(action) if *action == Action::await_change() => RESULT_SUCCESS,
@@ -287,50 +287,50 @@ impl Metrics {
     }
 
     /// Count a sync abandoned at its deadline (also counted as an error).
-    pub fn count_timeout(&self) {
+    pub(crate) fn count_timeout(&self) {
         self.reconcile_timeouts.get_or_create(&controller_labels()).inc();
     }
 
     /// Count a sync that panicked (also counted as an error).
-    pub fn count_panic(&self) {
+    pub(crate) fn count_panic(&self) {
         self.reconcile_panics.get_or_create(&controller_labels()).inc();
     }
 
     /// Count an error retrying alone cannot fix (also counted as an error).
-    pub fn count_terminal(&self) {
+    pub(crate) fn count_terminal(&self) {
         self.terminal_errors.get_or_create(&controller_labels()).inc();
     }
 
     /// Count a worker busy until the returned guard is dropped — also when a
     /// reconcile is cancelled, so the gauge never leaks.
-    pub fn worker_started(&self) -> WorkerGuard {
+    pub(crate) fn worker_started(&self) -> WorkerGuard {
         let gauge = self.active_workers.get_or_create(&controller_labels()).clone();
         gauge.inc();
         WorkerGuard(gauge)
     }
 
-    pub fn set_max_workers(&self, workers: u16) {
+    pub(crate) fn set_max_workers(&self, workers: u16) {
         self.max_workers.get_or_create(&controller_labels()).set(i64::from(workers));
     }
 
-    pub fn set_leader(&self, lease: &str, leading: bool) {
+    pub(crate) fn set_leader(&self, lease: &str, leading: bool) {
         self.leader.get_or_create(&LeaseLabels { name: lease.into() }).set(i64::from(leading));
     }
 
     /// The Foos not yet synced: how many, and the longest wait.
-    pub fn set_unsynced(&self, foos: usize, oldest: Duration) {
+    pub(crate) fn set_unsynced(&self, foos: usize, oldest: Duration) {
         self.unsynced_foos.set(i64::try_from(foos).unwrap_or(i64::MAX));
         self.unsynced_oldest.set(seconds(oldest));
     }
 
     /// How long the API server's fence has refused this leader's writes.
-    pub fn set_fence_refused(&self, refused_for: Duration) {
+    pub(crate) fn set_fence_refused(&self, refused_for: Duration) {
         self.fence_refused.set(seconds(refused_for));
     }
 
     /// Where the leader's API server fence stands: 1 for `state` (one of
     /// [`FENCE_STATES`]), 0 for the others (all 0 on a standby).
-    pub fn set_fence_state(&self, state: &str) {
+    pub(crate) fn set_fence_state(&self, state: &str) {
         for each in FENCE_STATES {
             self.fence_state.get_or_create(&FenceLabels { state: each }).set(i64::from(each == state));
         }
@@ -338,7 +338,7 @@ impl Metrics {
 
     /// Count a scrape refused because the token reviews were over their
     /// limit.
-    pub fn count_metrics_auth_throttled(&self) {
+    pub(crate) fn count_metrics_auth_throttled(&self) {
         self.metrics_auth_throttled.inc();
     }
 
@@ -357,7 +357,7 @@ fn seconds(d: Duration) -> i64 {
 }
 
 /// Decrements `controller_runtime_active_workers` on drop.
-pub struct WorkerGuard(Gauge);
+pub(crate) struct WorkerGuard(Gauge);
 
 impl Drop for WorkerGuard {
     fn drop(&mut self) {

@@ -2,7 +2,7 @@
 //! client-go's names ([`metrics`], [`queue_metrics`], [`process`]) and the
 //! logs ([`telemetry`]). Knows no Foo.
 
-pub mod metrics;
-pub mod process;
-pub mod queue_metrics;
+pub(crate) mod metrics;
+pub(crate) mod process;
+pub(crate) mod queue_metrics;
 pub mod telemetry;

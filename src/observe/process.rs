@@ -5,7 +5,7 @@
 
 /// The collector. Nothing is reported where /proc is missing.
 #[derive(Debug)]
-pub struct Process;
+pub(crate) struct Process;
 
 /// Linux's USER_HZ: the unit of times in /proc/self/stat.
 const TICKS_PER_SECOND: f64 = 100.0;

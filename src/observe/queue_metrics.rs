@@ -35,7 +35,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 /// A queued Foo: `namespace/name`.
-pub type Key = String;
+pub(crate) type Key = String;
 
 /// Why a Foo waits, as controller-runtime's priority queue ranks it in
 /// `workqueue_depth{priority}`: `0` for a change, `-100`
@@ -44,7 +44,7 @@ pub type Key = String;
 /// relisted or took the Lease ([`crate::controller::backlog`]'s later lane). A
 /// dashboard tells the start-up flood from changes waiting by it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Priority {
+pub(crate) enum Priority {
     Change,
     FirstSync,
 }
@@ -72,7 +72,7 @@ const PENDING_KEPT: usize = 64;
 
 /// The key of `obj` in the queue: `namespace/name`, as client-go's
 /// `MetaNamespaceKeyFunc`.
-pub fn queue_key<K: Resource>(obj: &ObjectRef<K>) -> Key {
+pub(crate) fn queue_key<K: Resource>(obj: &ObjectRef<K>) -> Key {
     format!("{}/{}", obj.namespace.as_deref().unwrap_or_default(), obj.name)
 }
 
@@ -117,7 +117,7 @@ impl State {
 }
 
 /// Held while a sync runs; records its work duration when dropped.
-pub struct Working<'a> {
+pub(crate) struct Working<'a> {
     queue: &'a QueueMetrics,
     id: u64,
     started: Instant,
@@ -146,7 +146,7 @@ impl Default for QueueMetrics {
 impl QueueMetrics {
     /// Register the families under `registry`'s prefix-free names with the
     /// labels `name` and `controller` set to `controller`.
-    pub fn register(self: &std::sync::Arc<Self>, registry: &mut Registry, controller: &str) {
+    pub(crate) fn register(self: &std::sync::Arc<Self>, registry: &mut Registry, controller: &str) {
         let labels =
             [("name".into(), controller.to_owned().into()), ("controller".into(), controller.to_owned().into())];
         let sub = registry.sub_registry_with_labels(labels.into_iter());
@@ -173,7 +173,7 @@ impl QueueMetrics {
     /// A trigger for `key` arrived, as `priority`; a change raises a Foo
     /// already waiting for its first sync, as controller-runtime raises an
     /// item added again with a higher priority.
-    pub fn added_as(&self, key: Key, priority: Priority) {
+    pub(crate) fn added_as(&self, key: Key, priority: Priority) {
         self.adds.inc();
         let mut state = self.state();
         let waiting = state.pending.entry(key).or_insert_with(|| Waiting { due: Instant::now(), priority });
@@ -183,7 +183,7 @@ impl QueueMetrics {
     }
 
     /// A failed sync of `key` is retried after `delay`.
-    pub fn retried(&self, key: Key, delay: Duration) {
+    pub(crate) fn retried(&self, key: Key, delay: Duration) {
         self.retries.inc();
         self.adds.inc();
         let due = Instant::now() + delay;
@@ -191,12 +191,12 @@ impl QueueMetrics {
     }
 
     /// `key` will not be synced (it was deleted, or a standby passed it by).
-    pub fn forget(&self, key: &str) {
+    pub(crate) fn forget(&self, key: &str) {
         self.state().take(key);
     }
 
     /// A sync of `key` starts; hold the guard until it ends.
-    pub fn started(&self, key: &str) -> Working<'_> {
+    pub(crate) fn started(&self, key: &str) -> Working<'_> {
         let now = Instant::now();
         let mut state = self.state();
         let waited = state.take(key).map_or(Duration::ZERO, |due| now.saturating_duration_since(due));
@@ -209,7 +209,7 @@ impl QueueMetrics {
     }
 
     /// How many syncs run at once, for [`QueueMetrics::backed_up`].
-    pub fn set_workers(&self, workers: usize) {
+    pub(crate) fn set_workers(&self, workers: usize) {
         self.workers.store(workers, Ordering::Relaxed);
     }
 
@@ -217,7 +217,7 @@ impl QueueMetrics {
     /// (one backing off after a failure is not waiting for a worker). What
     /// waits behind syncs (Events) goes slower then; once the syncs stop (a
     /// shutdown), nothing runs and nothing is backed up.
-    pub fn backed_up(&self) -> bool {
+    pub(crate) fn backed_up(&self) -> bool {
         let workers = self.workers.load(Ordering::Relaxed);
         let state = self.state();
         let now = Instant::now();

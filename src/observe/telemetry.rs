@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 /// dropped connection: the controller reports the failures that matter
 /// (a sync's, with its Foo; a watch's, as it reconnects), so WARN and ERROR
 /// lines are the ones someone should look at.
-pub const DEFAULT_FILTER: &str = "info,kube_client::client=error,kube_client::client::builder=off";
+pub(crate) const DEFAULT_FILTER: &str = "info,kube_client::client=error,kube_client::client::builder=off";
 
 /// How log lines are written (`--log-format`).
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,7 +37,7 @@ pub fn init(format: LogFormat, default_filter: Option<&str>) {
 /// The log filter for klog's verbosity: 0-3 is our default, 4 and 5 add our
 /// debug lines, 6 and up our trace lines and kube's debug lines. `None` for
 /// a level that is not a number.
-pub fn klog_filter(level: &str) -> Option<String> {
+pub(crate) fn klog_filter(level: &str) -> Option<String> {
     let level: u8 = level.parse().ok()?;
     Some(match level {
         0..=3 => DEFAULT_FILTER.to_owned(),

@@ -28,23 +28,23 @@ use crate::api::leader_fence::LeaderFence;
 
 /// The Kubernetes minors this release supports (docs/install.md, "Supported
 /// Kubernetes versions").
-pub const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 35..=37;
+pub(crate) const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 35..=37;
 
 /// Where the check looks: the operator's ServiceAccount, the namespace it
 /// watches (`None`: all), and its Lease.
 #[derive(Clone, Debug)]
-pub struct Scope {
-    pub service_account: (String, String),
-    pub namespace: Option<String>,
-    pub lease: (String, String),
+pub(crate) struct Scope {
+    pub(crate) service_account: (String, String),
+    pub(crate) namespace: Option<String>,
+    pub(crate) lease: (String, String),
 }
 
 /// What one check found.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Finding {
-    pub name: &'static str,
-    pub ok: bool,
-    pub detail: String,
+pub(crate) struct Finding {
+    pub(crate) name: &'static str,
+    pub(crate) ok: bool,
+    pub(crate) detail: String,
 }
 
 impl fmt::Display for Finding {
@@ -61,7 +61,7 @@ fn finding(name: &'static str, result: Result<String, String>) -> Finding {
 }
 
 /// Every check, in order; each runs whatever the others found.
-pub async fn run(client: &Client, scope: &Scope) -> Vec<Finding> {
+pub(crate) async fn run(client: &Client, scope: &Scope) -> Vec<Finding> {
     vec![
         finding("Kubernetes version", version(client).await),
         finding("Foo CRD", crd(client).await),
@@ -103,7 +103,7 @@ fn json(value: &impl serde::Serialize) -> Value {
 /// The first path at which `want` is not in `have`: every field `want` sets
 /// must be there with the same value (the API server adds defaults, which
 /// are not differences); lists must match item by item.
-pub fn first_difference(want: &Value, have: &Value, path: &str) -> Option<String> {
+pub(crate) fn first_difference(want: &Value, have: &Value, path: &str) -> Option<String> {
     match (want, have) {
         (Value::Object(w), Value::Object(h)) => w.iter().find_map(|(key, value)| {
             first_difference(value, h.get(key).unwrap_or(&Value::Null), &format!("{path}.{key}"))

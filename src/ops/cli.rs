@@ -13,7 +13,7 @@ use crate::observe::telemetry::LogFormat;
 
 /// What else the binary does.
 #[derive(Subcommand, Debug, Clone, PartialEq, Eq)]
-pub enum Command {
+pub(crate) enum Command {
     /// Check the cluster the operator would run against, before an install or an upgrade: the
     /// Kubernetes version, the installed Foo CRD against this binary's, the ServiceAccount's RBAC
     /// (in --namespace, or cluster-wide), streaming lists, and whether the leader fence follows the
@@ -52,73 +52,73 @@ pub const DEFAULT_WORKERS: u16 = 16;
 pub struct Cli {
     /// Without a command, the operator runs.
     #[command(subcommand)]
-    pub command: Option<Command>,
+    pub(crate) command: Option<Command>,
 
     /// Path to a kubeconfig. Only required if out-of-cluster.
     #[arg(long, env = "SAMPLE_CONTROLLER_KUBECONFIG", value_name = "PATH", global = true)]
-    pub kubeconfig: Option<String>,
+    pub(crate) kubeconfig: Option<String>,
 
     /// The address of the Kubernetes API server. Overrides any value in kubeconfig; without
     /// --kubeconfig, requests go to it with no credentials (as upstream's).
     #[arg(long, env = "SAMPLE_CONTROLLER_MASTER", value_name = "URL", value_parser = parse_master, global = true)]
-    pub master: Option<http::Uri>,
+    pub(crate) master: Option<http::Uri>,
 
     /// Watch Foos in this namespace only (default: all namespaces).
     #[arg(long, env = "SAMPLE_CONTROLLER_NAMESPACE", value_name = "NAMESPACE", global = true)]
-    pub namespace: Option<String>,
+    pub(crate) namespace: Option<String>,
 
     /// Reconcile only the Foos whose labels match this selector (kubectl's -l grammar:
     /// 'shard=a', 'shard notin (a,b)' for the rest); their Deployments carry the Foo's values
     /// of the keys it names, and the Lease is named after it (--leader-election-id +
     /// '-shard-a-<hash>'), so each shard elects its own leader.
     #[arg(long, env = "SAMPLE_CONTROLLER_SHARD_SELECTOR", value_name = "SELECTOR", value_parser = Shard::parse, global = true)]
-    pub shard_selector: Option<Shard>,
+    pub(crate) shard_selector: Option<Shard>,
 
     /// Fill the caches with streaming lists (a watch with sendInitialEvents, Kubernetes 1.34+)
     /// instead of paged LISTs.
     #[arg(long, env = "SAMPLE_CONTROLLER_STREAMING_LISTS", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub streaming_lists: bool,
+    pub(crate) streaming_lists: bool,
 
     /// Foos reconciled concurrently. A sync makes no reads and at most a few
     /// writes, so it mostly waits on round trips; the API server's Priority
     /// and Fairness, not this number, is what protects it.
     #[arg(long, env = "SAMPLE_CONTROLLER_WORKERS", default_value_t = DEFAULT_WORKERS, value_parser = clap::value_parser!(u16).range(1..))]
-    pub workers: u16,
+    pub(crate) workers: u16,
 
     /// How long one sync of a Foo may take before it is abandoned, counted
     /// (controller_runtime_reconcile_timeouts_total) and retried with backoff, as
     /// controller-runtime's ReconciliationTimeout. A healthy sync takes milliseconds;
     /// the default leaves room for two of the API server's own 60 s request timeouts.
     #[arg(long, env = "SAMPLE_CONTROLLER_RECONCILE_TIMEOUT", default_value = "2m", value_parser = parse_positive_duration)]
-    pub reconcile_timeout: Duration,
+    pub(crate) reconcile_timeout: Duration,
 
     /// Address for Prometheus metrics (/metrics), e.g. ":8443"; "0" (the default, as kubebuilder's)
     /// serves none, so a bare run opens no port but the probes'.
     #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_BIND_ADDRESS", default_value = "0", value_name = "ADDR", value_parser = parse_bind_address)]
-    pub metrics_bind_address: BindAddress,
+    pub(crate) metrics_bind_address: BindAddress,
 
     /// Serve metrics over HTTPS, only to callers whose bearer token passes a TokenReview and a
     /// SubjectAccessReview for get on /metrics (the default, as kubebuilder's); false serves
     /// them over plain HTTP to anyone who can connect.
     #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_SECURE", default_value_t = true, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub metrics_secure: bool,
+    pub(crate) metrics_secure: bool,
 
     /// Directory holding the metrics certificate as tls.crt and tls.key (a kubernetes.io/tls
     /// Secret), read again when it changes; without it, a self-signed one is made at start.
     #[arg(long, env = "SAMPLE_CONTROLLER_METRICS_CERT_DIR", value_name = "DIR")]
-    pub metrics_cert_dir: Option<std::path::PathBuf>,
+    pub(crate) metrics_cert_dir: Option<std::path::PathBuf>,
 
     /// Offer HTTP/2 on the secure metrics listener (off: the HTTP/2 rapid-reset attacks).
     #[arg(long, env = "SAMPLE_CONTROLLER_ENABLE_HTTP2", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub enable_http2: bool,
+    pub(crate) enable_http2: bool,
 
     /// Address for the liveness (/healthz) and readiness (/readyz) probes; "0" disables it.
     #[arg(long, env = "SAMPLE_CONTROLLER_HEALTH_PROBE_BIND_ADDRESS", default_value = ":8081", value_name = "ADDR", value_parser = parse_bind_address)]
-    pub health_probe_bind_address: BindAddress,
+    pub(crate) health_probe_bind_address: BindAddress,
 
     /// Elect a leader through a coordination.k8s.io Lease; only the leader reconciles.
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT", default_value_t = false, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set)]
-    pub leader_elect: bool,
+    pub(crate) leader_elect: bool,
 
     /// Name of the Lease used for leader election.
     #[arg(
@@ -128,24 +128,24 @@ pub struct Cli {
         value_name = "NAME",
         global = true
     )]
-    pub leader_election_id: String,
+    pub(crate) leader_election_id: String,
 
     /// Namespace of the leader-election Lease (default: the client's namespace: the pod's in a
     /// cluster, else the kubeconfig context's, else "default").
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECTION_NAMESPACE", value_name = "NAMESPACE", global = true)]
-    pub leader_election_namespace: Option<String>,
+    pub(crate) leader_election_namespace: Option<String>,
 
     /// How long a standby waits after the last renewal it saw before taking over.
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
-    pub leader_elect_lease_duration: Duration,
+    pub(crate) leader_elect_lease_duration: Duration,
 
     /// How long the leader keeps trying to renew before it gives up leading (and exits).
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
-    pub leader_elect_renew_deadline: Duration,
+    pub(crate) leader_elect_renew_deadline: Duration,
 
     /// Interval between attempts to acquire or renew the lease.
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
-    pub leader_elect_retry_period: Duration,
+    pub(crate) leader_elect_retry_period: Duration,
 
     /// Log format.
     #[arg(long, env = "SAMPLE_CONTROLLER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
@@ -154,7 +154,7 @@ pub struct Cli {
 
 /// Where to serve an endpoint; `None` when disabled ("0").
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct BindAddress(pub Option<SocketAddr>);
+pub(crate) struct BindAddress(pub Option<SocketAddr>);
 
 fn parse_master(master: &str) -> Result<http::Uri, String> {
     master.parse().map_err(|e| format!("{master:?} is not a URL: {e}"))
@@ -162,7 +162,7 @@ fn parse_master(master: &str) -> Result<http::Uri, String> {
 
 /// A bind address in kubebuilder's forms: ":8080" (all interfaces),
 /// "127.0.0.1:8080", or "0" (disabled).
-pub fn parse_bind_address(addr: &str) -> Result<BindAddress, String> {
+pub(crate) fn parse_bind_address(addr: &str) -> Result<BindAddress, String> {
     if addr == "0" || addr.is_empty() {
         return Ok(BindAddress(None));
     }
@@ -178,7 +178,7 @@ fn parse_positive_duration(s: &str) -> Result<Duration, String> {
 /// A duration as Go's `time.ParseDuration` reads it ("15s", "500ms",
 /// "1m30s", "1.5h"), as client-go's leader-election flags take it; not
 /// negative.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let bad = || format!("{s:?} is not a duration like 15s, 500ms, 1m30s or 2h");
     let nanos = go_parse_duration::parse_duration(s.trim()).map_err(|_| bad())?;
     u64::try_from(nanos).map(Duration::from_nanos).map_err(|_| bad())

@@ -2,7 +2,7 @@
 //! preflight (`sample-controller check`, [`check`]) and the watchdog that
 //! says when Foos stop converging ([`watchdog`]).
 
-pub mod check;
-pub mod cli;
-pub mod go_flags;
-pub mod watchdog;
+pub(crate) mod check;
+pub(crate) mod cli;
+pub(crate) mod go_flags;
+pub(crate) mod watchdog;

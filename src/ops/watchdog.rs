@@ -32,7 +32,7 @@ const FENCE_RUNBOOK: &str = "docs/operations.md#the-leader-fence-refuses-writes"
 
 /// The unsynced Foos, each with when this replica first saw it unsynced.
 #[derive(Debug, Default)]
-pub struct Unsynced {
+pub(crate) struct Unsynced {
     waiting: HashMap<ObjectRef<Foo>, Instant>,
 }
 
@@ -43,7 +43,7 @@ impl Unsynced {
     /// restarts of the operator; an edited one since this replica first saw
     /// it unsynced, however often it is edited again meanwhile (a restart
     /// of the replica starts that count again).
-    pub fn tally<'a>(
+    pub(crate) fn tally<'a>(
         &mut self,
         foos: impl IntoIterator<Item = &'a Foo>,
         now: Instant,
@@ -67,7 +67,7 @@ impl Unsynced {
 /// Whether `foo`'s newest generation has its status written: its
 /// `status.observedGeneration` has caught up (a Foo being deleted has
 /// nothing left to sync).
-pub fn synced(foo: &Foo) -> bool {
+pub(crate) fn synced(foo: &Foo) -> bool {
     let observed = foo.status.as_ref().and_then(|s| s.observed_generation);
     foo.metadata.deletion_timestamp.is_some() || observed >= foo.metadata.generation
 }
@@ -85,7 +85,7 @@ fn never_synced_for(foo: &Foo, wall: Timestamp) -> Duration {
 /// Keep the gauges up to date until the returned task is aborted; with a
 /// `gate` (leader election), report a refusal that lasts past a lease
 /// duration, once each time it starts.
-pub fn spawn(caches: Caches, metrics: Arc<Metrics>, gate: Option<Arc<WriteGate>>) -> JoinHandle<()> {
+pub(crate) fn spawn(caches: Caches, metrics: Arc<Metrics>, gate: Option<Arc<WriteGate>>) -> JoinHandle<()> {
     tokio::spawn(async move {
         let mut backlog = Unsynced::default();
         let mut reported = false;

@@ -52,21 +52,21 @@ use crate::reconcile::decision::DeploymentPatch;
 /// the watches' lists. Each is decoded as it streams in, keeping a few
 /// hundred bytes of each ([`Listed`]), so the page size bounds requests,
 /// not memory.
-pub const PAGE: u32 = 500;
+pub(crate) const PAGE: u32 = 500;
 
 /// What the pass needs of a cached Foo.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct CachedFoo {
-    pub uid: String,
+pub(crate) struct CachedFoo {
+    pub(crate) uid: String,
     /// Its `spec.deploymentName`: the one Deployment it may adopt.
-    pub deployment_name: String,
+    pub(crate) deployment_name: String,
     /// The shard labels its Deployment follows.
-    pub followed: FollowedLabels,
+    pub(crate) followed: FollowedLabels,
 }
 
 /// What the pass does with a listed Deployment a cached Foo controls.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Judgement {
+pub(crate) enum Judgement {
     /// Label it ours (and put it in its Foo's shard).
     Adopt(DeploymentPatch),
     /// Leave it alone: its Foo names another Deployment.
@@ -95,19 +95,20 @@ impl Adoption {
     }
 
     /// No pass, finished already: for caches whose contents a test fixes.
+    #[cfg(any(test, feature = "test-fixtures"))]
     pub fn none() -> Self {
         Adoption { deployments: None, concurrency: 1, finished: watch::Sender::new(true), left_alone: Mutex::default() }
     }
 
     /// Resolves once the pass has run (or failed: see [`Adoption::run`]).
-    pub async fn finished(&self) {
+    pub(crate) async fn finished(&self) {
         // Err only if the sender is gone, and it lives as long as `self`.
         let _ = self.finished.subscribe().wait_for(|finished| *finished).await;
     }
 
     /// The Deployments the pass left alone that `foo` controls (under
     /// another name than it gives), each handed out once.
-    pub fn take_left_alone(&self, foo: &ObjectRef<Foo>) -> Vec<String> {
+    pub(crate) fn take_left_alone(&self, foo: &ObjectRef<Foo>) -> Vec<String> {
         self.left_alone.lock().remove(foo).unwrap_or_default()
     }
 
@@ -117,7 +118,7 @@ impl Adoption {
     /// `adopted` (for the cache) as the API server returned them. A failure
     /// is logged and not fatal: a sync still adopts each Deployment it
     /// meets, at the cost of a create attempt and a read.
-    pub async fn run(
+    pub(crate) async fn run(
         &self,
         cached_foo: impl Fn(&ObjectRef<Foo>) -> Option<CachedFoo>,
         writable: impl Fn() -> bool,
@@ -237,7 +238,7 @@ fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<Listed>, 
 /// (labels, annotations, managedFields, every ownerReference but the
 /// controller's) as it reads, never holding it.
 #[derive(Clone, Debug, Default, Deserialize)]
-pub struct Listed {
+pub(crate) struct Listed {
     metadata: ListedMeta,
 }
 
@@ -274,7 +275,7 @@ impl Listed {
 /// adopted if the Foo names it (the patch also puts it in its Foo's shard),
 /// left alone if the Foo names another. A Foo deleted and re-created under
 /// the same name has another uid and adopts nothing.
-pub fn judge(
+pub(crate) fn judge(
     d: &PartialObjectMeta<Deployment>,
     cached_foo: impl Fn(&ObjectRef<Foo>) -> Option<CachedFoo>,
 ) -> Option<Judgement> {

@@ -18,17 +18,17 @@ use crate::reconcile::events::Publisher;
 /// Shared by all reconciles.
 pub struct Context {
     pub client: Client,
-    pub caches: Caches,
+    pub(crate) caches: Caches,
     /// The adoption pass, which the first syncs wait for.
-    pub adoption: Arc<Adoption>,
+    pub(crate) adoption: Arc<Adoption>,
     pub events: Publisher,
     pub metrics: Arc<Metrics>,
     /// Under leader election: whether this replica may still write.
     pub(crate) gate: Option<Arc<WriteGate>>,
     /// Consecutive failures per Foo, for the retry backoff.
-    pub failures: Failures<Foo>,
+    pub(crate) failures: Failures<Foo>,
     /// How long one sync may take (`--reconcile-timeout`).
-    pub reconcile_timeout: Duration,
+    pub(crate) reconcile_timeout: Duration,
 }
 
 /// `--reconcile-timeout`'s default, [`Context::new`]'s too.

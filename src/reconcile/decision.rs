@@ -76,24 +76,24 @@ impl DeploymentPatch {
 
 /// A Deployment this Foo controls under a name it no longer asks for.
 #[derive(Clone, Debug, PartialEq)]
-pub struct StaleDeployment {
-    pub name: String,
+pub(crate) struct StaleDeployment {
+    pub(crate) name: String,
     /// Delete precondition: only this very object, never a successor that
     /// took its name.
-    pub uid: Option<String>,
+    pub(crate) uid: Option<String>,
 }
 
 /// An Event to publish about the Foo.
 #[derive(Clone, Debug, PartialEq)]
-pub struct EventSpec {
-    pub type_: EventType,
-    pub reason: &'static str,
-    pub message: String,
+pub(crate) struct EventSpec {
+    pub(crate) type_: EventType,
+    pub(crate) reason: &'static str,
+    pub(crate) message: String,
 }
 
 /// How the sync ends.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Done; look again on the next change.
     Synced,
     /// The Foo names a Deployment another owner controls: fail the sync so
@@ -108,16 +108,16 @@ pub enum Outcome {
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
     pub deployment: DeploymentAction,
-    pub delete: Vec<StaleDeployment>,
+    pub(crate) delete: Vec<StaleDeployment>,
     /// The status to write, `None` when the Foo's status is already right.
     pub status: Option<FooStatus>,
-    pub events: Vec<EventSpec>,
-    pub outcome: Outcome,
+    pub(crate) events: Vec<EventSpec>,
+    pub(crate) outcome: Outcome,
 }
 
 impl Plan {
     /// True when the plan writes anything to the API (events aside).
-    pub fn writes(&self) -> bool {
+    pub(crate) fn writes(&self) -> bool {
         self.deployment != DeploymentAction::Keep || !self.delete.is_empty() || self.status.is_some()
     }
 }
@@ -268,7 +268,7 @@ fn status_with(foo: &Foo, available: i32, mut cond: Condition, now: &Time) -> Op
 
 /// The Warning a Foo's sync sends for a Deployment the adoption pass left
 /// alone ([`crate::reconcile::adoption`]).
-pub fn not_adopted(deployment_name: &str) -> EventSpec {
+pub(crate) fn not_adopted(deployment_name: &str) -> EventSpec {
     warning(REASON_NOT_ADOPTED, message_not_adopted(deployment_name))
 }
 

@@ -83,7 +83,7 @@ impl SyncError {
 
     /// True when the API server refused the request for its own state (429
     /// Too Many Requests, a 5xx) or could not be reached.
-    pub fn is_server_failure(&self) -> bool {
+    pub(crate) fn is_server_failure(&self) -> bool {
         match self {
             SyncError::Api { source: kube::Error::Api(s), .. } => s.code == 429 || s.code >= 500,
             SyncError::Api { source: kube::Error::HyperError(_) | kube::Error::Service(_), .. } => true,
@@ -104,18 +104,18 @@ impl SyncError {
     /// terminal errors): a Deployment of someone else's holds the name. It is
     /// still retried, at the backoff's pace, as nothing else reliably says
     /// the name was freed; the Foo's status says why it waits.
-    pub fn is_terminal(&self) -> bool {
+    pub(crate) fn is_terminal(&self) -> bool {
         matches!(self, SyncError::ResourceExists { .. })
     }
 
     /// True when a retry must wait at least a second: the server failed,
     /// or its fence refused (the elector checks the Lease first).
-    pub fn retries_slowly(&self) -> bool {
+    pub(crate) fn retries_slowly(&self) -> bool {
         self.is_server_failure() || self.is_fence_refusal() || matches!(self, SyncError::FenceInDoubt { .. })
     }
 }
 
-pub type SyncResult<T> = std::result::Result<T, SyncError>;
+pub(crate) type SyncResult<T> = std::result::Result<T, SyncError>;
 
 #[cfg(test)]
 mod tests {

@@ -5,10 +5,10 @@
 //! takes over the Deployments upstream's controller made, [`error`] is how
 //! a sync fails.
 
-pub mod adoption;
-pub mod context;
-pub mod decision;
-pub mod error;
-pub mod events;
-pub mod guard;
-pub mod sync;
+pub(crate) mod adoption;
+pub(crate) mod context;
+pub(crate) mod decision;
+pub(crate) mod error;
+pub(crate) mod events;
+pub(crate) mod guard;
+pub(crate) mod sync;

@@ -22,9 +22,9 @@ use crate::serve::metrics_auth::{Access, MetricsAuth};
 #[derive(Debug, thiserror::Error)]
 #[error("cannot serve HTTP on {addr}: {source}")]
 pub struct BindError {
-    pub addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
     #[source]
-    pub source: std::io::Error,
+    pub(crate) source: std::io::Error,
 }
 
 type Result<T> = std::result::Result<T, BindError>;
@@ -33,23 +33,23 @@ type Result<T> = std::result::Result<T, BindError>;
 /// replica — a standby keeps them warm too, so a ready standby can take over
 /// at once, and a rolling update or a drain waits for that.
 #[derive(Default)]
-pub struct Readiness {
+pub(crate) struct Readiness {
     caches_synced: AtomicBool,
 }
 
 impl Readiness {
-    pub fn caches_synced(&self) {
+    pub(crate) fn caches_synced(&self) {
         self.caches_synced.store(true, Ordering::SeqCst);
     }
 
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         self.caches_synced.load(Ordering::SeqCst)
     }
 }
 
 /// Bind `addr` now (so a bad address fails start-up) and serve `router`
 /// (`what` it serves, for the log) in the background.
-pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
+pub(crate) async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
     Ok(tokio::spawn(async move {
@@ -63,7 +63,7 @@ pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Resu
 /// unless `http2`; a handshake or a request header slower than
 /// [`SLOW_CLIENT`] is dropped, and at most [`MAX_TLS_CONNECTIONS`] are
 /// served at once.
-pub async fn serve_tls(
+pub(crate) async fn serve_tls(
     addr: SocketAddr,
     what: &'static str,
     router: Router,
@@ -135,7 +135,7 @@ const MAX_TLS_CONNECTIONS: usize = 64;
 pub const METRICS_ENDPOINTS: &str = "/metrics";
 pub const PROBE_ENDPOINTS: &str = "/healthz,/readyz";
 
-pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
+pub(crate) fn metrics_router(metrics: Arc<Metrics>) -> Router {
     Router::new().route("/metrics", get(metrics_handler)).with_state(metrics)
 }
 
@@ -144,7 +144,7 @@ pub fn metrics_router(metrics: Arc<Metrics>) -> Router {
 /// `Retry-After` for a token not yet reviewed while the reviews are over
 /// their limit (counted in `metrics`), 500 if the API server could not be
 /// asked.
-pub fn secure_metrics_router(metrics: Arc<Metrics>, auth: Arc<MetricsAuth>) -> Router {
+pub(crate) fn secure_metrics_router(metrics: Arc<Metrics>, auth: Arc<MetricsAuth>) -> Router {
     metrics_router(metrics.clone()).layer(axum::middleware::from_fn_with_state((auth, metrics), authorize))
 }
 
@@ -178,7 +178,7 @@ fn retry_after_seconds(wait: std::time::Duration) -> u64 {
     (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
-pub fn probes_router(readiness: Arc<Readiness>) -> Router {
+pub(crate) fn probes_router(readiness: Arc<Readiness>) -> Router {
     Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz)).with_state(readiness)
 }
 

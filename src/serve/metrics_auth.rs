@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use tracing::{debug, warn};
 
 /// The path and verb a scraper must be allowed.
-pub const METRICS_PATH: &str = "/metrics";
+pub(crate) const METRICS_PATH: &str = "/metrics";
 const VERB: &str = "get";
 /// How long an answer is reused.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
@@ -58,7 +58,7 @@ pub const REVIEW_BURST: u32 = 10;
 /// client, and its API Priority and Fairness flow, with its Lease
 /// renewals: two cannot crowd those out, even when the API server is slow
 /// to answer them.
-pub const REVIEWS_IN_FLIGHT: usize = 2;
+pub(crate) const REVIEWS_IN_FLIGHT: usize = 2;
 /// How long a new token waits for one of those to finish before it is
 /// refused: a review takes milliseconds, and a request that cannot be
 /// reviewed soon is better refused than queued without bound.
@@ -89,7 +89,7 @@ impl Access {
 }
 
 /// The token of an `Authorization: Bearer <token>` header value.
-pub fn bearer_token(authorization: Option<&str>) -> Option<&str> {
+pub(crate) fn bearer_token(authorization: Option<&str>) -> Option<&str> {
     let (scheme, token) = authorization?.trim().split_once(' ')?;
     let token = token.trim();
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)

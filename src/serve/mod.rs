@@ -1,6 +1,6 @@
 //! Serving metrics and probes: the HTTP endpoints ([`http`]), their TLS
 //! ([`tls`]) and who may read `/metrics` ([`metrics_auth`]). Knows no Foo.
 
-pub mod http;
-pub mod metrics_auth;
-pub mod tls;
+pub(crate) mod http;
+pub(crate) mod metrics_auth;
+pub(crate) mod tls;

@@ -47,12 +47,12 @@ pub enum TlsError {
 type Result<T> = std::result::Result<T, TlsError>;
 
 /// The files of a `kubernetes.io/tls` Secret.
-pub const CERT_FILE: &str = "tls.crt";
-pub const KEY_FILE: &str = "tls.key";
+pub(crate) const CERT_FILE: &str = "tls.crt";
+pub(crate) const KEY_FILE: &str = "tls.key";
 
 /// The server configuration: certificate from `cert_dir` or self-signed;
 /// ALPN offers `h2` only if `http2`.
-pub fn server_config(cert_dir: Option<&Path>, http2: bool) -> Result<Arc<ServerConfig>> {
+pub(crate) fn server_config(cert_dir: Option<&Path>, http2: bool) -> Result<Arc<ServerConfig>> {
     let certs = match cert_dir {
         Some(dir) => Certificates::from_dir(dir)?,
         None => Certificates::self_signed()?,

@@ -4,7 +4,7 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use sample_controller::client::USER_AGENT;
+use sample_controller::testing::client::USER_AGENT;
 
 use super::TIMEOUT;
 

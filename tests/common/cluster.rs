@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::wait::{Condition, await_condition};
 use kube::{Client, Config, Resource, ResourceExt};
-use sample_controller::api::constants::CONTROLLER_NAME;
+use sample_controller::testing::api::CONTROLLER_NAME;
 use sample_controller::{Foo, FooSpec};
 use serde::de::DeserializeOwned;
 use serde_json::json;

@@ -11,7 +11,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use kube::ResourceExt;
 use kube::api::{Api, ListParams, PostParams};
-use sample_controller::api::constants::POD_NAME_ENV;
+use sample_controller::testing::api::POD_NAME_ENV;
 use serde_json::json;
 
 use super::{Operator, TIMEOUT, admin_client, kubeconfig_variant, kubectl, kubectl_ok, operator_command, start_logged};

@@ -9,14 +9,14 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::runtime::watcher::Event as WatchEvent;
 use kube::{Client, Config};
 use sample_controller::Foo;
-use sample_controller::api::deployment_view::DeploymentView;
-use sample_controller::api::shard::Shard;
-use sample_controller::app::start_adoption;
-use sample_controller::cache::{Cache, Caches, trim_deployment, trim_foo};
-use sample_controller::controller::{self, Settings};
-use sample_controller::observe::metrics::Metrics;
-use sample_controller::reconcile::adoption::Adoption;
-use sample_controller::reconcile::context::{Context, DEFAULT_RECONCILE_TIMEOUT};
+use sample_controller::testing::api::DeploymentView;
+use sample_controller::testing::api::Shard;
+use sample_controller::testing::app::start_adoption;
+use sample_controller::testing::cache::{Cache, Caches, trim_deployment, trim_foo};
+use sample_controller::testing::controller::{self, Settings};
+use sample_controller::testing::observe::Metrics;
+use sample_controller::testing::reconcile::Adoption;
+use sample_controller::testing::reconcile::{Context, DEFAULT_RECONCILE_TIMEOUT};
 
 /// A controller running in this test process, stopped when dropped.
 pub struct RunningController {
@@ -50,11 +50,11 @@ pub fn start_controller_timed(
     deadline: Duration,
 ) -> RunningController {
     let metrics = Arc::new(Metrics::new());
-    let client = sample_controller::client::build(config, metrics.rest_requests.clone()).expect("client");
+    let client = sample_controller::testing::client::build(config, metrics.rest_requests.clone()).expect("client");
     let settings =
         Settings { namespace: namespace.map(str::to_owned), workers, shard: Shard::all(), streaming_lists: false };
     let (controller, caches, backlog) = controller::build(&client, &settings, metrics.queue.clone());
-    let adoption = Arc::new(Adoption::new(sample_controller::client::api(&client, namespace), workers.into()));
+    let adoption = Arc::new(Adoption::new(sample_controller::testing::client::api(&client, namespace), workers.into()));
     let adopting = start_adoption(&caches, &adoption, None);
     let ctx = Context::new(client.clone(), caches, adoption, metrics.clone(), Some("integration-test".into()), None);
     let ctx = Arc::new(ctx.with_reconcile_timeout(deadline));

@@ -10,7 +10,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
-use sample_controller::api::constants::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
+use sample_controller::testing::api::{LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
 use sample_controller::{Foo, FooSpec};
 use serde_json::json;
 

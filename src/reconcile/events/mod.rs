@@ -113,7 +113,7 @@ impl Publisher {
     }
 
     /// Queue `ev` about `regarding`; never waits.
-    pub fn publish(&self, ev: EventSpec, regarding: ObjectReference) {
+    pub(crate) fn publish(&self, ev: EventSpec, regarding: ObjectReference) {
         let queue = self.queue.lock();
         let Some(tx) = queue.as_ref() else { return };
         match tx.try_send((ev, regarding)) {

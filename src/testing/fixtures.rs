@@ -1,15 +1,10 @@
-//! Test fixtures, built fluently: Foos and Deployments as the API server
-//! returns them.
+//! Builders of Foos and Deployments as the API server returns them.
 //!
 //! ```ignore
 //! let foo = Foo::test("example-foo").replicas(3);
 //! let ours = Deployment::owned_by(&foo).replicas(1).available(1);
 //! let theirs = Deployment::foreign("example-foo");
 //! ```
-//!
-//! Compiled only for this crate's tests and, through the `test-fixtures`
-//! feature that the crate's dev-dependency on itself turns on, for its
-//! integration tests; never part of a normal build.
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
