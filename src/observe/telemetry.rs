@@ -34,15 +34,20 @@ pub fn init(format: LogFormat, default_filter: Option<&str>) {
     };
 }
 
+/// Our own code's log targets: the operator and its leader election (a
+/// crate of its own).
+const OURS: [&str; 2] = ["sample_controller", "kube_lease_fence"];
+
 /// The log filter for klog's verbosity: 0-3 is our default, 4 and 5 add our
 /// debug lines, 6 and up our trace lines and kube's debug lines. `None` for
 /// a level that is not a number.
 pub(crate) fn klog_filter(level: &str) -> Option<String> {
     let level: u8 = level.parse().ok()?;
+    let ours = |at: &str| OURS.map(|target| format!("{target}={at}")).join(",");
     Some(match level {
         0..=3 => DEFAULT_FILTER.to_owned(),
-        4..=5 => format!("{DEFAULT_FILTER},sample_controller=debug"),
-        _ => format!("{DEFAULT_FILTER},sample_controller=trace,kube=debug"),
+        4..=5 => format!("{DEFAULT_FILTER},{}", ours("debug")),
+        _ => format!("{DEFAULT_FILTER},{},kube=debug", ours("trace")),
     })
 }
 
@@ -55,9 +60,11 @@ mod tests {
         for level in ["0", "2", "3"] {
             assert_eq!(klog_filter(level).as_deref(), Some(DEFAULT_FILTER), "{level}");
         }
-        assert_eq!(klog_filter("4"), Some(format!("{DEFAULT_FILTER},sample_controller=debug")));
+        let debug = "sample_controller=debug,kube_lease_fence=debug";
+        assert_eq!(klog_filter("4"), Some(format!("{DEFAULT_FILTER},{debug}")));
         assert_eq!(klog_filter("5"), klog_filter("4"));
-        assert_eq!(klog_filter("6"), Some(format!("{DEFAULT_FILTER},sample_controller=trace,kube=debug")));
+        let trace = "sample_controller=trace,kube_lease_fence=trace,kube=debug";
+        assert_eq!(klog_filter("6"), Some(format!("{DEFAULT_FILTER},{trace}")));
         assert_eq!(klog_filter("loud"), None);
         assert_eq!(klog_filter("-1"), None);
     }
