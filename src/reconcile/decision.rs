@@ -16,7 +16,7 @@ use crate::api::constants::*;
 use crate::api::deployment::{desired_deployment, is_controlled_by};
 use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::{Foo, FooStatus};
-use crate::api::shard::FollowedLabels;
+use crate::api::shard::{FollowedLabels, Shard};
 
 /// The one write the sync makes to the Deployment named by the Foo.
 #[derive(Clone, Debug, PartialEq)]
@@ -210,6 +210,25 @@ fn patch(foo: &Foo, d: &DeploymentView, followed: &FollowedLabels) -> Deployment
         adopt,
         relabel,
     })
+}
+
+/// Whether `existing`, a Deployment this Foo controls that a create found
+/// although the cache lacked it, carries other shard labels than our copy
+/// of the Foo asks for. Either the Foo moved into this shard (relabel the
+/// Deployment) or it left, and its new shard relabelled the Deployment
+/// before our watch told us (leave it): only the Foo read afresh tells
+/// which ([`left_the_shard`]).
+pub(crate) fn shard_move_to_confirm(foo: &Foo, existing: &DeploymentView, followed: &FollowedLabels) -> bool {
+    is_controlled_by(existing, foo) && !existing.relabelling(followed).is_empty()
+}
+
+/// With the Foo read afresh (`None`: gone): whether it left `shard` since
+/// our copy (`foo`, following `followed`) — gone, replaced by another of
+/// its name, or following other labels — so that its Deployment is the new
+/// shard's, not ours to move back. A move *into* this shard reads the same
+/// labels twice.
+pub(crate) fn left_the_shard(foo: &Foo, fresh: Option<&Foo>, shard: &Shard, followed: &FollowedLabels) -> bool {
+    fresh.is_none_or(|fresh| fresh.uid() != foo.uid() || shard.follow(fresh.metadata.labels.as_ref()) != *followed)
 }
 
 /// The Deployments this Foo controls under a name it no longer asks for.
@@ -428,6 +447,30 @@ mod tests {
         let moved = in_shard(&foo, &[("shard", "b")]);
         let again = decide(&foo, Some(&moved), &[], &shard.follow(foo.metadata.labels.as_ref()), &now());
         assert_eq!(again.deployment, DeploymentAction::Keep, "in its shard: nothing to write");
+    }
+
+    #[test]
+    fn a_deployment_found_in_another_shard_than_our_copy_of_its_foo_is_confirmed_before_it_is_moved() {
+        let shard = Shard::parse("shard=b").unwrap();
+        let foo = Foo::test("example-foo").label("shard", "b");
+        let followed = shard.follow(foo.metadata.labels.as_ref());
+        assert!(shard_move_to_confirm(&foo, &in_shard(&foo, &[("shard", "a")]), &followed));
+        assert!(!shard_move_to_confirm(&foo, &in_shard(&foo, &[("shard", "b")]), &followed), "in our shard already");
+        let theirs = DeploymentView::foreign("example-foo");
+        assert!(!shard_move_to_confirm(&foo, &theirs, &followed), "not ours: never moved");
+    }
+
+    #[test]
+    fn a_foo_read_afresh_with_other_labels_or_gone_or_replaced_left_the_shard_and_one_with_ours_did_not() {
+        let shard = Shard::parse("shard=b").unwrap();
+        let ours = Foo::test("example-foo").label("shard", "b");
+        let followed = shard.follow(ours.metadata.labels.as_ref());
+        let moved_on = Foo::test("example-foo").label("shard", "c");
+        assert!(left_the_shard(&ours, Some(&moved_on), &shard, &followed), "its labels moved on");
+        assert!(left_the_shard(&ours, None, &shard, &followed), "deleted");
+        let replaced = Foo::test("example-foo").label("shard", "b").uid("another");
+        assert!(left_the_shard(&ours, Some(&replaced), &shard, &followed), "another Foo of that name");
+        assert!(!left_the_shard(&ours, Some(&ours.clone()), &shard, &followed), "moved into this shard: ours to move");
     }
 
     #[test]

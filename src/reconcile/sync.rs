@@ -17,7 +17,6 @@ use kube::{Api, Resource, ResourceExt};
 use tracing::{info, warn};
 
 use crate::api::constants::*;
-use crate::api::deployment::is_controlled_by;
 use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
 use crate::api::shard::FollowedLabels;
@@ -27,7 +26,9 @@ use crate::client::retry::BACKOFF_BASE;
 use crate::client::{apply_params, patch_params, post_params, send_streamed};
 use crate::observe::queue_metrics::queue_key;
 use crate::reconcile::context::Context;
-use crate::reconcile::decision::{DeploymentAction, Outcome, Plan, decide, not_adopted};
+use crate::reconcile::decision::{
+    DeploymentAction, Outcome, Plan, decide, left_the_shard, not_adopted, shard_move_to_confirm,
+};
 use crate::reconcile::error::{ApiAction, SyncError as Error, SyncResult as Result};
 use kube_lease_fence::may_write;
 
@@ -156,14 +157,13 @@ async fn get_or_create_deployment(
         .map_err(target.api_error(ApiAction::GetDeployment))?
         .map(DeploymentView::from);
     let followed = &observed.followed;
-    if existing.as_ref().is_some_and(|d| is_controlled_by(d, foo) && !d.relabelling(followed).is_empty())
-        && moved_since_cached(foo, followed, target, ctx).await?
-    {
-        // Our copy of the Foo is older than the shard labels its
-        // Deployment carries: the Foo left this shard (its new shard
-        // relabelled the Deployment), and our watch is about to say so.
-        // Moving the Deployment back would undo the new shard's work.
-        return Ok(None);
+    if existing.as_ref().is_some_and(|d| shard_move_to_confirm(foo, d, followed)) {
+        let fresh = read_afresh(target, ctx).await?;
+        if left_the_shard(foo, fresh.as_ref(), &ctx.caches.shard, followed) {
+            // Our watch is about to say so; moving the Deployment back
+            // would undo the new shard's work.
+            return Ok(None);
+        }
     }
     let plan = decide(foo, existing.as_ref(), &observed.owned, followed, &observed.now);
     log_plan(target, &plan);
@@ -194,19 +194,15 @@ fn finish(target: Target, outcome: Outcome) -> Result<Action> {
     }
 }
 
-/// True when the Foo, read afresh, no longer carries the labels our cached
-/// copy does: a Deployment in another shard than our copy of its Foo is one
-/// a newer Foo moved (a move *into* this shard reads the same labels twice).
-/// One read, only when a Deployment is to change shards: a LIST narrowed
-/// to the Foo's name, which the operator's ClusterRole grants (a GET it
-/// does not: nothing else reads a single Foo).
-async fn moved_since_cached(foo: &Foo, followed: &FollowedLabels, target: &Target, ctx: &Context) -> Result<bool> {
+/// The Foo as the API server has it now, to confirm a shard move
+/// ([`shard_move_to_confirm`]): a LIST narrowed to its name, which the
+/// operator's ClusterRole grants (a GET it does not: nothing else reads a
+/// single Foo).
+async fn read_afresh(target: &Target, ctx: &Context) -> Result<Option<Foo>> {
     let foos: Api<Foo> = Api::namespaced(ctx.client.clone(), &target.namespace);
     let by_name = ListParams::default().fields(&format!("metadata.name={}", target.name));
     let listed = foos.list(&by_name).await.map_err(target.api_error(ApiAction::ListFoo))?;
-    Ok(listed.items.into_iter().next().is_none_or(|fresh| {
-        fresh.uid() != foo.uid() || ctx.caches.shard.follow(fresh.metadata.labels.as_ref()) != *followed
-    }))
+    Ok(listed.items.into_iter().next())
 }
 
 fn log_plan(target: &Target, plan: &Plan) {
