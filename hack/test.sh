@@ -49,8 +49,8 @@ if [[ -n "${CI:-}" ]]; then
   # Its artifacts go when the clone changes (the dependencies stay).
   mkdir -p "$CARGO_TARGET_DIR"
   if [[ "$(cat "$CARGO_TARGET_DIR/.workspace" 2>/dev/null)" != "$REPO_ROOT" ]]; then
-    cargo clean --quiet -p sample-controller -p kube-lease-fence
-    cargo clean --quiet -p sample-controller -p kube-lease-fence --release --target "$(rustc -vV | sed -n 's/^host: //p')"
+    cargo clean --quiet -p sample-controller -p kube-lease-fence -p kube-secure-metrics
+    cargo clean --quiet -p sample-controller -p kube-lease-fence -p kube-secure-metrics --release --target "$(rustc -vV | sed -n 's/^host: //p')"
     echo "$REPO_ROOT" >"$CARGO_TARGET_DIR/.workspace"
   fi
 fi
@@ -185,10 +185,12 @@ begin "tools: cargo-nextest, promtool, skopeo"
 hack/install-nextest.sh
 need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
 need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"
-begin "formatting; every target of the workspace built and linted (clippy); the elector crate's docs; CRD matches the Foo type"
+# The workspace's crates of their own (crates/), for any kube-rs controller.
+crates=(-p kube-lease-fence -p kube-secure-metrics)
+begin "formatting; every target of the workspace built and linted (clippy); the crates' docs; CRD matches the Foo type"
 cargo fmt --all --check
 cargo build --locked --quiet --workspace --all-targets
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps -p kube-lease-fence
+RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps "${crates[@]}"
 hack/verify-crds.sh
 begin "Dockerfile lint"
 hack/lint-dockerfile.sh
@@ -207,9 +209,9 @@ done
 begin "unit and mocked-API tests, alert rules, layers"
 run_tests --lib --bins "${planeless[@]}" ||
   failing+=("unit and mocked-API tests, alert rules, layers")
-begin "the elector crate's tests"
-run_tests -p kube-lease-fence || failing+=("the elector crate's tests")
-cargo test --locked --quiet --doc -p kube-lease-fence || failing+=("the elector crate's README example")
+begin "the crates' tests (the elector, the metrics server)"
+run_tests "${crates[@]}" || failing+=("the crates' tests")
+cargo test --locked --quiet --doc "${crates[@]}" || failing+=("the crates' README examples")
 # Needed by the image tests only, which run last: the release build starts
 # once the planes are built, so it does not slow the plane the next suites
 # wait for, and takes what CPU the integration tests leave.

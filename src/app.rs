@@ -11,6 +11,7 @@ use kube::runtime::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
 use kube_lease_fence::{Elector, LeaderConfig, Lost, WriteGate, check_timing, default_identity, may_write};
+use kube_secure_metrics::{self as endpoints, BindError, MetricsAuth, Readiness, TlsError};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
 
@@ -29,9 +30,6 @@ use crate::ops::cli::{Cli, Command};
 use crate::ops::watchdog;
 use crate::reconcile::adoption::{Adoption, CachedFoo};
 use crate::reconcile::context::Context;
-use crate::serve::http::{self, BindError, Readiness};
-use crate::serve::metrics_auth::MetricsAuth;
-use crate::serve::tls::{self, TlsError};
 
 /// How long a graceful shutdown waits for queued Events to be sent.
 const EVENT_FLUSH_GRACE: Duration = Duration::from_secs(5);
@@ -182,17 +180,25 @@ async fn serve_endpoints(
 ) -> Result<(), Error> {
     if let Some(addr) = cli.metrics_bind_address.0 {
         if cli.metrics_secure {
-            let tls = tls::server_config(cli.metrics_cert_dir.as_deref(), cli.enable_http2)?;
-            let router = http::secure_metrics_router(metrics.clone(), Arc::new(MetricsAuth::new(client.clone())));
-            http::serve_tls(addr, http::METRICS_ENDPOINTS, router, tls, cli.enable_http2).await?;
+            let tls = endpoints::server_config(cli.metrics_cert_dir.as_deref(), cli.enable_http2)?;
+            let auth = Arc::new(MetricsAuth::new(client.clone()));
+            let router = endpoints::secure_metrics_router(exposition(metrics), auth, metrics.auth_throttled());
+            endpoints::serve_tls(addr, endpoints::METRICS_ENDPOINTS, router, tls, cli.enable_http2).await?;
         } else {
-            http::serve(addr, http::METRICS_ENDPOINTS, http::metrics_router(metrics.clone())).await?;
+            endpoints::serve(addr, endpoints::METRICS_ENDPOINTS, endpoints::metrics_router(exposition(metrics)))
+                .await?;
         }
     }
     if let Some(addr) = cli.health_probe_bind_address.0 {
-        http::serve(addr, http::PROBE_ENDPOINTS, http::probes_router(readiness.clone())).await?;
+        endpoints::serve(addr, endpoints::PROBE_ENDPOINTS, endpoints::probes_router(readiness.clone())).await?;
     }
     Ok(())
+}
+
+/// What `/metrics` answers: the operator's registry, encoded at each scrape.
+fn exposition(metrics: &Arc<Metrics>) -> endpoints::Exposition {
+    let metrics = metrics.clone();
+    Arc::new(move || metrics.encode())
 }
 
 /// A hot standby: the watches and caches run on every replica, and only the

@@ -12,11 +12,14 @@
 //! - `api`: the Foo, the Deployment it owns, their names and labels.
 //!
 //! Below the Foo, machinery any controller could use, which never imports
-//! it (leader election and the API server's fence are a crate of their
-//! own, crates/kube-lease-fence):
-//! - `serve`: the metrics and probe endpoints, TLS, who may read them;
+//! it:
 //! - `client`: the Kubernetes client, its retries, the paced watches;
 //! - `observe`: metrics and logs.
+//!
+//! Two crates of their own stand beside it, for any kube-rs controller:
+//! crates/kube-lease-fence (leader election and the API server's fence)
+//! and crates/kube-secure-metrics (the metrics and probe endpoints, TLS,
+//! who may read the metrics, the process's metrics).
 
 #![warn(clippy::too_many_lines)]
 // Every item not re-exported below, nor in the test surface, is
@@ -31,7 +34,6 @@ mod controller;
 mod observe;
 mod ops;
 mod reconcile;
-mod serve;
 
 #[cfg(any(test, feature = "test-fixtures"))]
 pub mod testing;

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::jiff::Timestamp;
-use sample_controller::testing::serve::{REVIEW_BURST, REVIEWS_PER_SECOND};
+use kube_secure_metrics::{REVIEW_BURST, REVIEWS_PER_SECOND};
 use serde_json::json;
 
 /// The operator, serving secure metrics, its requests made as `user` (the

@@ -165,7 +165,7 @@ impl Metrics {
             "Number of HTTP requests, partitioned by status code, method, and host.",
             self.rest_requests.clone(),
         );
-        registry.register_collector(Box::new(crate::observe::process::Process));
+        registry.register_collector(Box::new(kube_secure_metrics::ProcessMetrics));
         self.queue.register(&mut registry, METRICS_CONTROLLER_LABEL);
         self.registry = registry;
         self
@@ -336,10 +336,10 @@ impl Metrics {
         }
     }
 
-    /// Count a scrape refused because the token reviews were over their
-    /// limit.
-    pub(crate) fn count_metrics_auth_throttled(&self) {
-        self.metrics_auth_throttled.inc();
+    /// The count of scrapes refused because the token reviews were over
+    /// their limit, for the metrics server to increment.
+    pub(crate) fn auth_throttled(&self) -> Counter {
+        self.metrics_auth_throttled.clone()
     }
 
     /// The registry in Prometheus text format.

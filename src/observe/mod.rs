@@ -1,8 +1,8 @@
 //! Observability: the Prometheus metrics under controller-runtime's and
-//! client-go's names ([`metrics`], [`queue_metrics`], [`process`]) and the
-//! logs ([`telemetry`]). Knows no Foo.
+//! client-go's names ([`metrics`], [`queue_metrics`]; the process's come
+//! from crates/kube-secure-metrics) and the logs ([`telemetry`]). Knows no
+//! Foo.
 
 pub(crate) mod metrics;
-pub(crate) mod process;
 pub(crate) mod queue_metrics;
 pub mod telemetry;

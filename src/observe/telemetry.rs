@@ -34,9 +34,9 @@ pub fn init(format: LogFormat, default_filter: Option<&str>) {
     };
 }
 
-/// Our own code's log targets: the operator and its leader election (a
-/// crate of its own).
-const OURS: [&str; 2] = ["sample_controller", "kube_lease_fence"];
+/// Our own code's log targets: the operator, and its leader election and
+/// metrics server (crates of their own).
+const OURS: [&str; 3] = ["sample_controller", "kube_lease_fence", "kube_secure_metrics"];
 
 /// The log filter for klog's verbosity: 0-3 is our default, 4 and 5 add our
 /// debug lines, 6 and up our trace lines and kube's debug lines. `None` for
@@ -60,10 +60,10 @@ mod tests {
         for level in ["0", "2", "3"] {
             assert_eq!(klog_filter(level).as_deref(), Some(DEFAULT_FILTER), "{level}");
         }
-        let debug = "sample_controller=debug,kube_lease_fence=debug";
+        let debug = "sample_controller=debug,kube_lease_fence=debug,kube_secure_metrics=debug";
         assert_eq!(klog_filter("4"), Some(format!("{DEFAULT_FILTER},{debug}")));
         assert_eq!(klog_filter("5"), klog_filter("4"));
-        let trace = "sample_controller=trace,kube_lease_fence=trace,kube=debug";
+        let trace = "sample_controller=trace,kube_lease_fence=trace,kube_secure_metrics=trace,kube=debug";
         assert_eq!(klog_filter("6"), Some(format!("{DEFAULT_FILTER},{trace}")));
         assert_eq!(klog_filter("loud"), None);
         assert_eq!(klog_filter("-1"), None);

@@ -93,12 +93,18 @@ mod tests {
     fn klog_flags_are_mapped_or_ignored_with_a_notice() {
         let go = go_style(&["-v=4", "-logtostderr", "--alsologtostderr=true", "-kubeconfig=/k"]);
         assert_eq!(go.args, ["sample-controller", "--kubeconfig=/k"]);
-        assert_eq!(go.log_filter, Some(format!("{},sample_controller=debug,kube_lease_fence=debug", DEFAULT_FILTER)));
+        assert_eq!(
+            go.log_filter,
+            Some(format!(
+                "{},sample_controller=debug,kube_lease_fence=debug,kube_secure_metrics=debug",
+                DEFAULT_FILTER
+            ))
+        );
         assert_eq!(go.notices.len(), 3, "{:?}", go.notices);
         assert!(go.notices[0].starts_with("-v=4 (klog) maps to RUST_LOG="), "{:?}", go.notices);
         assert_eq!(go.notices[1], "-logtostderr (klog) ignored: logs always go to stderr");
         assert_eq!(go_style(&["-v", "2"]).log_filter.as_deref(), Some(DEFAULT_FILTER));
-        assert!(go_style(&["-v=7"]).log_filter.unwrap().ends_with("kube_lease_fence=trace,kube=debug"));
+        assert!(go_style(&["-v=7"]).log_filter.unwrap().ends_with("kube_secure_metrics=trace,kube=debug"));
         assert_eq!(go_style(&["-v=loud"]).log_filter, None);
     }
 

@@ -68,9 +68,3 @@ pub mod reconcile {
     #[cfg(feature = "test-hooks")]
     pub use crate::reconcile::sync::PANICS_IN_SYNC;
 }
-
-/// The metrics server's endpoints and who may read them.
-pub mod serve {
-    pub use crate::serve::http::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
-    pub use crate::serve::metrics_auth::{Access, MetricsAuth, REVIEW_BURST, REVIEWS_PER_SECOND};
-}

@@ -7,7 +7,7 @@ use std::ops::{Deref, DerefMut};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use sample_controller::testing::serve::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
+use kube_secure_metrics::{METRICS_ENDPOINTS, PROBE_ENDPOINTS};
 
 use k8s_openapi::api::coordination::v1::Lease;
 

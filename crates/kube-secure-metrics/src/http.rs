@@ -1,7 +1,7 @@
 //! The metrics and probe endpoints, on axum: `/metrics` (OpenMetrics text),
-//! `/healthz` (the process serves requests) and `/readyz` (ready to work:
-//! its Foo and Deployment caches are filled, on a leader and a standby
-//! alike); `/metrics` over HTTPS for reviewed tokens when secure.
+//! `/healthz` (the process serves requests) and `/readyz` (ready to work,
+//! as its user says: a controller's caches filled, say); `/metrics` over
+//! HTTPS for reviewed tokens when secure.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -15,41 +15,51 @@ use axum::routing::get;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 
-use crate::observe::metrics::Metrics;
-use crate::serve::metrics_auth::{Access, MetricsAuth};
+use prometheus_client::metrics::counter::Counter;
+
+use crate::auth::{Access, MetricsAuth};
+
+/// What `/metrics` answers: OpenMetrics text, encoded afresh at each
+/// scrape (a `prometheus_client` registry's, say).
+pub type Exposition = Arc<dyn Fn() -> String + Send + Sync>;
 
 /// A listener that could not be bound.
 #[derive(Debug, thiserror::Error)]
 #[error("cannot serve HTTP on {addr}: {source}")]
 pub struct BindError {
-    pub(crate) addr: SocketAddr,
+    /// The address asked for.
+    pub addr: SocketAddr,
+    /// Why it could not be bound.
     #[source]
-    pub(crate) source: std::io::Error,
+    pub source: std::io::Error,
 }
 
 type Result<T> = std::result::Result<T, BindError>;
 
-/// What `/readyz` reports: ready once the caches are filled, on every
-/// replica — a standby keeps them warm too, so a ready standby can take over
-/// at once, and a rolling update or a drain waits for that.
-#[derive(Default)]
-pub(crate) struct Readiness {
+/// What `/readyz` reports: 503 until [`Readiness::caches_synced`], then
+/// 200. A controller that keeps its caches warm on every replica, standbys
+/// too, calls it on each once they are filled: a ready standby can take
+/// over at once, and a rolling update or a drain waits for that.
+#[derive(Debug, Default)]
+pub struct Readiness {
     caches_synced: AtomicBool,
 }
 
 impl Readiness {
-    pub(crate) fn caches_synced(&self) {
+    /// From now on ready.
+    pub fn caches_synced(&self) {
         self.caches_synced.store(true, Ordering::SeqCst);
     }
 
-    pub(crate) fn is_ready(&self) -> bool {
+    /// Whether [`Readiness::caches_synced`] was called.
+    pub fn is_ready(&self) -> bool {
         self.caches_synced.load(Ordering::SeqCst)
     }
 }
 
 /// Bind `addr` now (so a bad address fails start-up) and serve `router`
 /// (`what` it serves, for the log) in the background.
-pub(crate) async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
     Ok(tokio::spawn(async move {
@@ -60,10 +70,9 @@ pub(crate) async fn serve(addr: SocketAddr, what: &'static str, router: Router) 
 }
 
 /// Like [`serve`], over TLS with `tls`, each connection HTTP/1.1 only
-/// unless `http2`; a handshake or a request header slower than
-/// [`SLOW_CLIENT`] is dropped, and at most [`MAX_TLS_CONNECTIONS`] are
-/// served at once.
-pub(crate) async fn serve_tls(
+/// unless `http2`; a handshake or a request header slower than 10 s is
+/// dropped, and at most 64 connections are served at once.
+pub async fn serve_tls(
     addr: SocketAddr,
     what: &'static str,
     router: Router,
@@ -131,25 +140,27 @@ const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);
 /// `--enable-http2`) has no such timeout.
 const MAX_TLS_CONNECTIONS: usize = 64;
 
-/// What each listener serves, as its start-up log line says.
+/// What the metrics listener serves, as its start-up log line says.
 pub const METRICS_ENDPOINTS: &str = "/metrics";
+/// What the probes' listener serves, as its start-up log line says.
 pub const PROBE_ENDPOINTS: &str = "/healthz,/readyz";
 
-pub(crate) fn metrics_router(metrics: Arc<Metrics>) -> Router {
-    Router::new().route("/metrics", get(metrics_handler)).with_state(metrics)
+/// `/metrics`, open to whoever reaches it.
+pub fn metrics_router(exposition: Exposition) -> Router {
+    Router::new().route("/metrics", get(metrics_handler)).with_state(exposition)
 }
 
 /// The metrics router, each request first checked by `auth`: 401 without
 /// a valid token, 403 for a user without `get` on `/metrics`, 429 with
 /// `Retry-After` for a token not yet reviewed while the reviews are over
-/// their limit (counted in `metrics`), 500 if the API server could not be
+/// their limit (counted in `throttled`), 500 if the API server could not be
 /// asked.
-pub(crate) fn secure_metrics_router(metrics: Arc<Metrics>, auth: Arc<MetricsAuth>) -> Router {
-    metrics_router(metrics.clone()).layer(axum::middleware::from_fn_with_state((auth, metrics), authorize))
+pub fn secure_metrics_router(exposition: Exposition, auth: Arc<MetricsAuth>, throttled: Counter) -> Router {
+    metrics_router(exposition).layer(axum::middleware::from_fn_with_state((auth, throttled), authorize))
 }
 
 async fn authorize(
-    State((auth, metrics)): State<(Arc<MetricsAuth>, Arc<Metrics>)>,
+    State((auth, throttled)): State<(Arc<MetricsAuth>, Counter)>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
@@ -161,7 +172,7 @@ async fn authorize(
         }
         Ok(Access::Forbidden) => (StatusCode::FORBIDDEN, "Forbidden").into_response(),
         Ok(Access::TooMany { retry_after }) => {
-            metrics.count_metrics_auth_throttled();
+            throttled.inc();
             let retry_after = retry_after_seconds(retry_after).to_string();
             (StatusCode::TOO_MANY_REQUESTS, [(header::RETRY_AFTER, retry_after)], "Too Many Requests").into_response()
         }
@@ -178,16 +189,18 @@ fn retry_after_seconds(wait: std::time::Duration) -> u64 {
     (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
-pub(crate) fn probes_router(readiness: Arc<Readiness>) -> Router {
+/// `/healthz` (always 200: the process answers) and `/readyz`
+/// ([`Readiness`]).
+pub fn probes_router(readiness: Arc<Readiness>) -> Router {
     Router::new().route("/healthz", get(|| async { "ok" })).route("/readyz", get(readyz)).with_state(readiness)
 }
 
-async fn metrics_handler(State(metrics): State<Arc<Metrics>>) -> impl IntoResponse {
-    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], metrics.encode())
+async fn metrics_handler(State(exposition): State<Exposition>) -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], exposition())
 }
 
 async fn readyz(State(readiness): State<Arc<Readiness>>) -> impl IntoResponse {
-    if readiness.is_ready() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "caches not synced") }
+    if readiness.is_ready() { (StatusCode::OK, "ok") } else { (StatusCode::SERVICE_UNAVAILABLE, "not ready") }
 }
 
 #[cfg(test)]
@@ -217,10 +230,11 @@ mod tests {
     /// review, and the refusal is counted.
     #[tokio::test(start_paused = true)]
     async fn a_new_token_over_the_review_limit_is_answered_429_with_retry_after_and_counted() {
-        use crate::serve::metrics_auth::{REVIEW_BURST, tests::refusing_every_token};
+        use crate::auth::{REVIEW_BURST, tests::refusing_every_token};
         let (client, reviews) = refusing_every_token();
-        let metrics = Arc::new(Metrics::new());
-        let router = secure_metrics_router(metrics.clone(), Arc::new(MetricsAuth::new(client)));
+        let throttled = Counter::default();
+        let exposition: Exposition = Arc::new(|| "# EOF\n".to_owned());
+        let router = secure_metrics_router(exposition, Arc::new(MetricsAuth::new(client)), throttled.clone());
         let scrape = |token: String| {
             let request = axum::http::Request::get("/metrics")
                 .header(header::AUTHORIZATION, format!("Bearer {token}"))
@@ -235,9 +249,7 @@ mod tests {
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(refused.headers().get(header::RETRY_AFTER).map(|v| v.to_str().unwrap()), Some("1"));
         assert_eq!(reviews.load(std::sync::atomic::Ordering::SeqCst), usize::try_from(REVIEW_BURST).unwrap());
-        let throttled =
-            crate::testing::metric_value(&metrics.encode(), "sample_controller_metrics_auth_throttled_total");
-        assert_eq!(throttled, Some(1.0));
+        assert_eq!(throttled.get(), 1);
     }
 
     #[test]

@@ -3,14 +3,15 @@
 //! `process_virtual_memory_bytes`, `process_open_fds`,
 //! `process_start_time_seconds`.
 
-/// The collector. Nothing is reported where /proc is missing.
+/// The collector, to register in a `prometheus_client` registry
+/// (`register_collector`). Nothing is reported where /proc is missing.
 #[derive(Debug)]
-pub(crate) struct Process;
+pub struct ProcessMetrics;
 
 /// Linux's USER_HZ: the unit of times in /proc/self/stat.
 const TICKS_PER_SECOND: f64 = 100.0;
 
-impl prometheus_client::collector::Collector for Process {
+impl prometheus_client::collector::Collector for ProcessMetrics {
     fn encode(&self, mut encoder: prometheus_client::encoding::DescriptorEncoder) -> Result<(), std::fmt::Error> {
         use prometheus_client::encoding::EncodeMetric;
         use prometheus_client::metrics::counter::ConstCounter;

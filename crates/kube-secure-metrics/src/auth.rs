@@ -8,8 +8,8 @@
 //! for a minute if allowed and ten seconds if not, so Prometheus scraping
 //! every 15 s costs the API server two requests a minute, not two a scrape.
 //!
-//! The reviews go out as the operator, through the client its Lease
-//! renewals use, so anyone who can reach the port must not be able to make
+//! The reviews go out as the controller, through the client it is given
+//! (a controller's own, which its Lease renewals use), so anyone who can reach the port must not be able to make
 //! it flood the API server: tokens not cached are reviewed at most
 //! [`REVIEWS_PER_SECOND`] a second (bursts of [`REVIEW_BURST`]),
 //! [`REVIEWS_IN_FLIGHT`] at a time; past that a new token gets
@@ -54,7 +54,7 @@ pub const REVIEWS_PER_SECOND: u32 = 5;
 /// Reviews that may start at once after a quiet spell: the bucket's size,
 /// so a few scrapers starting together are all reviewed at once.
 pub const REVIEW_BURST: u32 = 10;
-/// Reviews waiting on the API server at once. They share the operator's
+/// Reviews waiting on the API server at once. They share the controller's
 /// client, and its API Priority and Fairness flow, with its Lease
 /// renewals: two cannot crowd those out, even when the API server is slow
 /// to answer them.
@@ -70,6 +70,7 @@ const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(60);
 /// What a request may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// A valid token whose user may `get` `/metrics`: 200.
     Allowed,
     /// No token, or one the API server does not accept: 401.
     Unauthenticated,
@@ -78,6 +79,7 @@ pub enum Access {
     /// A token not cached while reviews are over their limit: 429, to be
     /// asked again after `retry_after`. Never cached.
     TooMany {
+        /// When to ask again.
         retry_after: Duration,
     },
 }
@@ -114,6 +116,8 @@ pub struct MetricsAuth {
 }
 
 impl MetricsAuth {
+    /// Reviews through `client`, as its user, which needs `create` on
+    /// `tokenreviews` and `subjectaccessreviews` (the crate's README).
     pub fn new(client: Client) -> Self {
         MetricsAuth {
             client,

@@ -3,7 +3,7 @@
 //! mounted), read again whenever the file changes so a renewed certificate
 //! is served without a restart; or, without a directory, one made at start
 //! and signed by itself (as kubebuilder's scaffold does). HTTP/2 is offered
-//! only when asked for (`--enable-http2`): kubebuilder turns it off by
+//! only when asked for (the operator's `--enable-http2`): kubebuilder turns it off by
 //! default since the HTTP/2 rapid-reset attacks (CVE-2023-44487).
 
 use std::path::{Path, PathBuf};
@@ -20,13 +20,16 @@ use tracing::{info, warn};
 
 /// Why the metrics listener has no certificate; every cause kept.
 #[derive(Debug, thiserror::Error)]
+#[allow(missing_docs)] // the fields: each variant's message names them
 pub enum TlsError {
+    /// A file of the directory could not be read.
     #[error("cannot read {}: {source}", path.display())]
     Read {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
+    /// A file is not PEM.
     #[error("{file} in {}: {source}", dir.display())]
     Pem {
         file: &'static str,
@@ -34,25 +37,31 @@ pub enum TlsError {
         #[source]
         source: std::io::Error,
     },
+    /// A file holds no certificate, or no key.
     #[error("{file} in {} holds no {what}", dir.display())]
     Empty { file: &'static str, dir: PathBuf, what: &'static str },
+    /// Without a directory: the certificate could not be made.
     #[error("cannot make a self-signed certificate: {0}")]
     SelfSigned(#[from] rcgen::Error),
+    /// Without a directory: its key could not be used.
     #[error("the self-signed key: {0}")]
     SelfSignedKey(&'static str),
+    /// rustls refused the certificate or the key.
     #[error(transparent)]
     Rustls(#[from] rustls::Error),
 }
 
 type Result<T> = std::result::Result<T, TlsError>;
 
-/// The files of a `kubernetes.io/tls` Secret.
-pub(crate) const CERT_FILE: &str = "tls.crt";
-pub(crate) const KEY_FILE: &str = "tls.key";
+/// The certificate's file in the directory given (a `kubernetes.io/tls`
+/// Secret's key).
+pub const CERT_FILE: &str = "tls.crt";
+/// The private key's file in the directory given.
+pub const KEY_FILE: &str = "tls.key";
 
 /// The server configuration: certificate from `cert_dir` or self-signed;
 /// ALPN offers `h2` only if `http2`.
-pub(crate) fn server_config(cert_dir: Option<&Path>, http2: bool) -> Result<Arc<ServerConfig>> {
+pub fn server_config(cert_dir: Option<&Path>, http2: bool) -> Result<Arc<ServerConfig>> {
     let certs = match cert_dir {
         Some(dir) => Certificates::from_dir(dir)?,
         None => Certificates::self_signed()?,

@@ -1,0 +1,19 @@
+//! A controller's `/metrics` over TLS for reviewed tokens only, its probes,
+//! and client-go's process metrics.
+#![doc = ""]
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+#![warn(clippy::too_many_lines)]
+
+mod auth;
+mod http;
+mod process;
+mod tls;
+
+pub use auth::{Access, MetricsAuth, REVIEW_BURST, REVIEWS_PER_SECOND};
+pub use http::{
+    BindError, Exposition, METRICS_ENDPOINTS, PROBE_ENDPOINTS, Readiness, metrics_router, probes_router,
+    secure_metrics_router, serve, serve_tls,
+};
+pub use process::ProcessMetrics;
+pub use tls::{CERT_FILE, KEY_FILE, TlsError, server_config};
