@@ -85,26 +85,31 @@ impl<W: Watches> Elector<W> {
     /// period; one whose CRD was deleted, once the CRD is served again.
     /// Until then the gauge says the fence is open.
     pub(crate) fn saw_fence(&mut self, seen: FenceSeen) {
-        let name = &self.cfg.lease_name;
+        let (name, kind) = (&self.cfg.lease_name, self.kind());
         match (&self.claim, seen) {
             (Claim::Written(_), FenceSeen::Names(Some(h))) if h == self.cfg.identity => return,
             (Claim::Written(_), FenceSeen::Names(Some(other))) => {
-                warn!(fence = %name, holder = %other, "the LeaderFence names another replica; claiming it again at the next renewal")
+                warn!(fence = %name, holder = %other, "the {kind} names another replica; claiming it again at the next renewal")
             }
             (Claim::Written(_), FenceSeen::Names(None)) => {
-                warn!(fence = %name, "the LeaderFence was deleted or released; claiming it again at the next renewal")
+                warn!(fence = %name, "the {kind} was deleted or released; claiming it again at the next renewal")
             }
             (Claim::Written(_), FenceSeen::NoKind) => {
-                warn!(fence = %name, "the LeaderFence CRD was deleted: the API server's fence is open until it is installed again")
+                warn!(fence = %name, "the {kind} CRD was deleted: the API server's fence is open until it is installed again")
             }
             // Its CRD, deleted since this leader claimed it, is served again.
             (Claim::NoFence, FenceSeen::Names(_)) if self.claimed_once => {
-                info!(fence = %name, "the LeaderFence CRD is installed again; claiming it at the next renewal")
+                info!(fence = %name, "the {kind} CRD is installed again; claiming it at the next renewal")
             }
             _ => return,
         }
         self.start_claim();
         self.gate.set_state(FenceState::Open);
+    }
+
+    /// The fence's kind, as its user configured it, for the log.
+    fn kind(&self) -> String {
+        self.cfg.fence.as_ref().map_or_else(|| "fence".to_owned(), |resource| resource.kind.clone())
     }
 
     /// Claim the fence at the next renewal, if there is one to claim.
@@ -161,10 +166,10 @@ impl<W: Watches> Elector<W> {
             self.no_fence();
             return true;
         };
-        let name = self.cfg.lease_name.clone();
+        let (name, kind) = (self.cfg.lease_name.clone(), self.kind());
         let left = self.cfg.renew_deadline.saturating_sub(attempt.elapsed());
         let Ok(outcome) = tokio::time::timeout(left, self.write_claim(&api, &name)).await else {
-            warn!(fence = %name, "claiming the LeaderFence took past the renew deadline; claiming again at the next renewal");
+            warn!(fence = %name, "claiming the {kind} took past the renew deadline; claiming again at the next renewal");
             return false;
         };
         match outcome {
@@ -176,22 +181,22 @@ impl<W: Watches> Elector<W> {
                 true
             }
             Err(kube::Error::Api(s)) if no_such_kind(&s) => {
-                info!(fence = %name, "no LeaderFence CRD in the cluster: no API server fence to claim");
+                info!(fence = %name, "no {kind} CRD in the cluster: no API server fence to claim");
                 self.no_fence();
                 true
             }
             Err(kube::Error::Api(s)) if s.code == 403 => {
-                warn!(fence = %name, error = %s.message, "may not write the LeaderFence: if the API server's leader fence is bound, it stays open while no LeaderFence exists, and refuses this replica's writes while one names another replica");
+                warn!(fence = %name, error = %s.message, "may not write the {kind}: if the API server's leader fence is bound, it stays open while no {kind} exists, and refuses this replica's writes while one names another replica");
                 self.no_fence();
                 true
             }
             Err(kube::Error::Api(s)) if s.is_conflict() || s.is_already_exists() || s.is_not_found() => {
-                warn!(fence = %name, "the LeaderFence changed while this replica claimed it; claiming again at the next renewal");
+                warn!(fence = %name, "the {kind} changed while this replica claimed it; claiming again at the next renewal");
                 self.gate.set_state(FenceState::Open);
                 false
             }
             Err(e) => {
-                warn!(fence = %name, error = %e, "cannot claim the LeaderFence; writing nothing until it names this replica");
+                warn!(fence = %name, error = %e, "cannot claim the {kind}; writing nothing until it names this replica");
                 self.gate.set_state(FenceState::Open);
                 false
             }
