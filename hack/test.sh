@@ -39,7 +39,7 @@ KUBE_MINORS="${KUBE_MINORS:-1.37 1.35}"
 read -r -a minors <<<"$KUBE_MINORS"
 # CI builds in a fresh clone each time: its Rust build goes to a target
 # directory in the cache, as a CI cache would keep it, so a warm run compiles
-# only this crate (the dependencies once per machine); incremental
+# only the workspace's crates (the dependencies once per machine); incremental
 # compilation's records would cost time and be read by no one.
 if [[ -n "${CI:-}" ]]; then
   export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$CACHE_ROOT/target}" CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
@@ -55,9 +55,9 @@ if [[ -n "${CI:-}" ]]; then
   fi
 fi
 # Every cargo command below (and hack/verify-crds.sh's, and the demo test's)
-# compiles this crate with clippy-driver, `-D warnings`: one build is both
-# the lint and what the tests run. The same variables everywhere, or cargo
-# would compile the crate again.
+# compiles the workspace's crates with clippy-driver, `-D warnings`: one
+# build is both the lint and what the tests run. The same variables
+# everywhere, or cargo would compile them again.
 clippy_driver="$(rustc --print sysroot)/bin/clippy-driver"
 [[ -x "$clippy_driver" ]] || die "clippy is missing: rustup component add clippy"
 export RUSTC_WORKSPACE_WRAPPER="$clippy_driver" CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"

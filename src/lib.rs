@@ -22,8 +22,9 @@
 //! who may read the metrics, the process's metrics).
 
 #![warn(clippy::too_many_lines)]
-// Every item not re-exported below, nor in the test surface, is
-// `pub(crate)`: the lint catches a `pub` that reaches nobody.
+// An item is `pub` only where the public API below or the test surface
+// reaches it (re-exported, or in a signature of one that is); the others
+// are `pub(crate)`, and the lint catches a `pub` that reaches nobody.
 #![cfg_attr(feature = "test-fixtures", warn(unreachable_pub))]
 
 mod api;

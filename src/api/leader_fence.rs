@@ -30,7 +30,7 @@ use serde::{Deserialize, Serialize};
     derive = "PartialEq",
     derive = "Default",
     // As the Foo CRD: *.k8s.io groups are protected. (The same text as
-    // src/foo.rs's: kube-derive takes string literals only, not a const.)
+    // src/api/foo.rs's: kube-derive takes string literals only, not a const.)
     annotation(
         "api-approved.kubernetes.io",
         "unapproved, experimental-only; please get an approval from Kubernetes API reviewers if you're trying to develop a CRD in the *.k8s.io or *.kubernetes.io groups"

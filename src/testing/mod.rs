@@ -1,8 +1,9 @@
 //! What the tests use beyond the crate's public API (the Foo, the
 //! LeaderFence and the process's entry points, at the crate root): fixtures
 //! built fluently, and the internals the integration tests, the benchmarks
-//! and the examples drive or compare with, re-exported by folder. Every
-//! other item of src/ is `pub(crate)`.
+//! and the examples drive or compare with, re-exported by folder. The other
+//! items of src/ are `pub(crate)`, but for the types these name in their
+//! signatures.
 //!
 //! Compiled only for this crate's unit tests and, through the
 //! `test-fixtures` feature that the crate's dev-dependency on itself turns

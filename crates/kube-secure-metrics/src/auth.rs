@@ -2,7 +2,8 @@
 //! scaffold (controller-runtime's `WithAuthenticationAndAuthorization`), the
 //! caller's bearer token is authenticated with a TokenReview and the user it
 //! names authorized with a SubjectAccessReview for `get` on the
-//! non-resource URL `/metrics` (the `metrics-reader` ClusterRole grants it).
+//! non-resource URL `/metrics` (a ClusterRole bound to the scraper grants
+//! it: the crate's README).
 //!
 //! Answers are cached per token — by its SHA-256, never the token itself —
 //! for a minute if allowed and ten seconds if not, so Prometheus scraping

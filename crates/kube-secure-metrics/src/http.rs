@@ -136,8 +136,8 @@ const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);
 /// buffers (tens of KiB), and a scraper needs one: 64 leave room for many
 /// Prometheus replicas while a client opening thousands cannot make the
 /// operator hold thousands. HTTP/1.1 connections idle past [`SLOW_CLIENT`]
-/// are closed, so the places free up; an HTTP/2 connection (only with
-/// `--enable-http2`) has no such timeout.
+/// are closed, so the places free up; an HTTP/2 connection (only when
+/// [`serve_tls`] is asked for `http2`) has no such timeout.
 const MAX_TLS_CONNECTIONS: usize = 64;
 
 /// What the metrics listener serves, as its start-up log line says.

@@ -3,7 +3,7 @@
 //! mounted), read again whenever the file changes so a renewed certificate
 //! is served without a restart; or, without a directory, one made at start
 //! and signed by itself (as kubebuilder's scaffold does). HTTP/2 is offered
-//! only when asked for (the operator's `--enable-http2`): kubebuilder turns it off by
+//! only when asked for (`http2`): kubebuilder turns it off by
 //! default since the HTTP/2 rapid-reset attacks (CVE-2023-44487).
 
 use std::path::{Path, PathBuf};
