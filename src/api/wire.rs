@@ -86,7 +86,7 @@ pub(crate) fn controller_reference<'de, D: Deserializer<'de>>(d: D) -> Result<Op
 /// A Foo as the API server sends it, its metadata read by [`metadata`]:
 /// what the Foo watch decodes, and the status write's response.
 #[derive(Clone, Debug, Deserialize)]
-pub(crate) struct FooWire {
+pub struct FooWire {
     #[serde(deserialize_with = "metadata")]
     metadata: ObjectMeta,
     spec: FooSpec,

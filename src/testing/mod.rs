@@ -23,6 +23,7 @@ pub mod api {
     pub use crate::api::deployment::{desired_deployment, managed_selector};
     pub use crate::api::deployment_view::DeploymentView;
     pub use crate::api::shard::{Shard, UNSHARDED};
+    pub use crate::api::wire::FooWire;
 }
 
 /// Parts of the process a test assembles itself (an in-process controller).
