@@ -2,9 +2,9 @@
 //! Deployments, as the API server sends them (with their managedFields and
 //! timestamps), decoded as the watches decode them and kept as the caches
 //! keep them, every allocation counted. No control plane: what it measures
-//! is the caches alone, split into the objects themselves and the store
-//! around them (kube-runtime's reflector store: a key per object, an `Arc`
-//! each, a hash map; our index by controller).
+//! is the caches alone (the Foos in kube-runtime's reflector store: a key
+//! per object, an `Arc` each, a hash map; the Deployments in our own store
+//! and its index by controller), beside the trimmed object alone.
 //!
 //!   cargo bench --bench cache_memory -- <N>
 //!
@@ -15,12 +15,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use kube::runtime::watcher::Event;
 use sample_controller::Foo;
 use sample_controller::testing::api::{DeploymentView, FooWire, Shard, desired_deployment};
-use sample_controller::testing::cache::{Cache, trim_deployment, trim_foo};
+use sample_controller::testing::cache::{DeploymentStore, Keep, Reflected, filled, trim_deployment, trim_foo};
 use serde_json::{Value, json};
 
 /// Counts the bytes and blocks live, then asks the system allocator.
@@ -113,17 +111,18 @@ fn deployment_json(foo: &Foo, i: usize) -> Value {
 }
 
 /// What a cache of the objects `decode` makes costs, per object: in all
-/// (from their decoding on), and of it the objects' own (the same objects,
-/// trimmed, each in the block an `Arc` gives it).
+/// (from their decoding on), and, beside it, the trimmed object alone in
+/// the block an `Arc` gives it (what kube-runtime's store would keep).
 struct Cost {
     total: f64,
     objects: f64,
     blocks: f64,
 }
 
-async fn cost<K, T>(decode: impl Fn() -> Vec<K>, trim: impl Fn() -> T) -> Cost
+async fn cost<K, S, T>(decode: impl Fn() -> Vec<K>, trim: impl Fn() -> T) -> Cost
 where
     K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    S: Keep<K>,
     T: Fn(&mut K) + Send + Sync + 'static,
 {
     let before = live();
@@ -136,11 +135,7 @@ where
     drop(trimmed);
 
     let before = live();
-    let (cache, writer) = Cache::new(trim());
-    let mut events = vec![Ok(Event::Init)];
-    events.extend(decode().into_iter().map(|o| Ok(Event::InitApply(o))));
-    events.push(Ok(Event::InitDone));
-    cache.reflect(writer, futures::stream::iter(events)).for_each(|_| async {}).await;
+    let cache = filled::<K, S>(decode(), trim()).await;
     let (bytes, blocks) = (live().0 - before.0, live().1 - before.1);
     drop(cache);
     Cost { total: bytes as f64 / n, objects: objects / n, blocks: blocks as f64 / n }
@@ -148,11 +143,8 @@ where
 
 fn report(what: &str, cost: &Cost) {
     println!(
-        "  {what}: {:.0} B per object in {:.1} blocks: the object {:.0} B, the store around it {:.0} B",
-        cost.total,
-        cost.blocks,
-        cost.objects,
-        cost.total - cost.objects
+        "  {what}: {:.0} B per object in {:.1} blocks (the trimmed object alone, in an Arc: {:.0} B)",
+        cost.total, cost.blocks, cost.objects,
     );
 }
 
@@ -170,11 +162,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let decode = |(i, foo)| serde_json::from_value(deployment_json(foo, i)).expect("a Deployment decodes");
         owners.iter().enumerate().map(decode).collect()
     };
-    let foo_cost = cost(foos, || trim_foo(&shard)).await;
-    let deployment_cost = cost(deployments, || trim_deployment(&shard)).await;
+    let foo_cost = cost::<_, Reflected<Foo>, _>(foos, || trim_foo(&shard)).await;
+    let deployment_cost = cost::<_, DeploymentStore, _>(deployments, || trim_deployment(&shard)).await;
     println!("the controller's caches, {n} Foos and their Deployments, bytes asked of the allocator:");
-    report("Foos", &foo_cost);
-    report("Deployments", &deployment_cost);
+    report("Foos, in kube-runtime's store", &foo_cost);
+    report("Deployments, in our own", &deployment_cost);
     let total = foo_cost.total + deployment_cost.total;
     println!(
         "  in all: {total:.0} B per Foo ({:.2} KiB) in {:.1} blocks; sizes: Foo {} B, DeploymentView {} B, ObjectMeta {} B",

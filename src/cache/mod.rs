@@ -1,8 +1,10 @@
 //! The controller's view of the cluster: the Foos and the Deployments it made,
-//! kept by watches in kube-runtime reflector stores, so a sync reads memory
-//! and never the API server.
+//! kept by watches, so a sync reads memory and never the API server. The
+//! Foos are kept in kube-runtime's reflector store ([`Reflected`]), which the
+//! `Controller` reads them from; the Deployments in a store of our own
+//! ([`DeploymentStore`]) that keeps a Deployment in a few fixed fields.
 //!
-//! Three things are added to the plain reflector:
+//! Three things are added to a plain reflector:
 //! - objects are **trimmed** before they are stored ([`trim_deployment`],
 //!   [`trim_foo`]) to what a sync reads, whatever else they carry: at ten
 //!   thousand Foos the rest (managedFields, annotations) is most of the
@@ -24,8 +26,8 @@
 //!   controller filters Foo changes on their generation), but the Deployment
 //!   it created does, within milliseconds, and that sync needs the Foo as
 //!   written;
-//! - an **index by controller uid** ([`index`]), so a sync finds the
-//!   Deployments its Foo controls without a scan.
+//! - an **index by controller uid** ([`DeploymentCache::controlled_by`]), so
+//!   a sync finds the Deployments its Foo controls without a scan.
 //!
 //! Readiness is our own flag, set at the first full list, not kube-runtime's
 //! `Store::wait_until_ready`: that wakes only the last of several tasks
@@ -33,36 +35,44 @@
 //! itself waits on the Foo store, so the adoption pass, waiting too, was
 //! never woken and every sync waited for it.
 
-mod index;
+mod deployments;
 mod own_writes;
+mod token;
 
 use std::fmt::Debug;
 use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use kube::Resource;
+use kube::runtime::WatchStreamExt;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
-use kube::runtime::{WatchStreamExt, reflector::reflector};
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use crate::api::deployment::controller_of;
 use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
 use crate::api::shard::Shard;
-use index::{ByController, controller_uid};
+pub use deployments::DeploymentStore;
 use own_writes::OwnWrites;
 
 /// What the controller knows of the cluster, filled by its watches.
 #[derive(Clone)]
 pub struct Caches {
-    pub foos: Arc<Cache<Foo>>,
+    pub foos: Arc<FooCache>,
     /// Only the Deployments labelled as made by this controller.
-    pub deployments: Arc<Cache<DeploymentView>>,
+    pub deployments: Arc<DeploymentCache>,
     /// The shard both caches are narrowed to, whose labels the Deployments
     /// follow from their Foos.
     pub shard: Shard,
 }
+
+/// The Foos, in kube-runtime's store: the `Controller` reads from it.
+pub type FooCache = Cache<Foo, Reflected<Foo>>;
+
+/// The Deployments, in a store of our own that keeps them small.
+pub type DeploymentCache = Cache<DeploymentView, DeploymentStore>;
 
 impl Caches {
     /// Resolves once both caches hold their first full list: `true`; or
@@ -73,44 +83,79 @@ impl Caches {
     }
 }
 
+/// Where a cache keeps what its watch delivers.
+pub trait Keep<K: Resource<DynamicType = ()>>: Default + Send + Sync + 'static {
+    /// Keep what a (trimmed) watch event says.
+    fn apply(&self, event: &watcher::Event<K>);
+    /// The object kept under `key`.
+    fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>>;
+    /// The objects kept that match `predicate`.
+    fn filter(&self, predicate: &dyn Fn(&K) -> bool) -> Vec<Arc<K>>;
+}
+
+/// kube-runtime's reflector store.
+pub struct Reflected<K: Resource<DynamicType = ()> + Clone + 'static> {
+    store: Store<K>,
+    writer: Mutex<Writer<K>>,
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Default for Reflected<K> {
+    fn default() -> Self {
+        let (store, writer) = reflector::store();
+        Reflected { store, writer: Mutex::new(writer) }
+    }
+}
+
+impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> Keep<K> for Reflected<K> {
+    fn apply(&self, event: &watcher::Event<K>) {
+        self.writer.lock().apply_watcher_event(event);
+    }
+
+    fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
+        self.store.get(key)
+    }
+
+    fn filter(&self, predicate: &dyn Fn(&K) -> bool) -> Vec<Arc<K>> {
+        self.store.state_filter(predicate)
+    }
+}
+
 /// How a cache trims what it keeps.
 type Trim<K> = Arc<dyn Fn(&mut K) + Send + Sync>;
 
-/// A reflector store of `K`, plus our own writes it has not seen yet.
-pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static> {
-    store: Store<K>,
+/// A store of `K`, plus our own writes it has not seen yet.
+pub struct Cache<K: Resource<DynamicType = ()> + Clone + 'static, S> {
+    kept: S,
     /// What is dropped from every object before it is kept.
     trim: Trim<K>,
     written: Mutex<OwnWrites<K>>,
-    controlled: Mutex<ByController<K>>,
     /// Set once the first full list is stored; any number may wait on it.
     synced: watch::Sender<bool>,
 }
 
-impl<K> Cache<K>
+impl<K, S> Cache<K, S>
 where
     K: Resource<DynamicType = ()> + Clone + Debug + Send + Sync + 'static,
+    S: Keep<K>,
 {
-    /// An empty cache of objects trimmed by `trim`, and the writer that
-    /// [`Cache::reflect`] fills it with.
-    pub fn new(trim: impl Fn(&mut K) + Send + Sync + 'static) -> (Arc<Self>, Writer<K>) {
-        let (store, writer) = reflector::store();
+    /// An empty cache of objects trimmed by `trim`, that [`Cache::reflect`]
+    /// fills.
+    pub fn new(trim: impl Fn(&mut K) + Send + Sync + 'static) -> Arc<Self> {
         let synced = watch::Sender::new(false);
         let trim: Trim<K> = Arc::new(trim);
-        let cache = Cache { store, trim, written: Mutex::default(), controlled: Mutex::default(), synced };
-        (Arc::new(cache), writer)
+        Arc::new(Cache { kept: S::default(), trim, written: Mutex::default(), synced })
     }
 
     /// Feed `events` (a watcher stream), trimmed, into this cache; the
     /// events are passed on, trimmed, for the controller's triggers.
     pub fn reflect(
         self: &Arc<Self>,
-        writer: Writer<K>,
         events: impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static,
     ) -> impl Stream<Item = watcher::Result<watcher::Event<K>>> + Send + 'static {
         let (cache, trim) = (self.clone(), self.trim.clone());
-        reflector(writer, events.modify(move |obj| trim(obj))).inspect(move |event| {
+        events.modify(move |obj| trim(obj)).inspect(move |event| {
             if let Ok(event) = event {
+                cache.kept.apply(event);
                 cache.observe(event);
             }
         })
@@ -120,7 +165,7 @@ where
     /// returned to our last write of it if the cache has not seen that yet.
     /// `None` if it does not exist (or we deleted it).
     pub(crate) fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
-        self.written().resolve(key, self.store.get(key))
+        self.written().resolve(key, self.kept.get(key))
     }
 
     /// The newest version we know of `obj`, a copy the store handed out
@@ -128,27 +173,19 @@ where
     /// write since, and cleared our record of it), or our write.
     pub(crate) fn latest(&self, obj: Arc<K>) -> Arc<K> {
         let key = ObjectRef::from_obj(&*obj);
-        let cached = self.store.get(&key).unwrap_or_else(|| obj.clone());
+        let cached = self.kept.get(&key).unwrap_or_else(|| obj.clone());
         self.written().resolve(&key, Some(cached)).unwrap_or(obj)
     }
 
     /// Cached objects matching `predicate`, as [`Cache::get`] sees them.
     pub(crate) fn filter(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
         let written = self.written();
-        self.store
-            .state_filter(&predicate)
+        self.kept
+            .filter(&predicate)
             .into_iter()
             .filter_map(|obj| written.resolve(&ObjectRef::from_obj(&obj), Some(obj)))
             .filter(|obj| predicate(obj))
             .collect()
-    }
-
-    /// Cached objects whose controller (the ownerReference with `controller:
-    /// true`) has `uid`, as [`Cache::get`] sees them: found through an index,
-    /// so a sync costs the same with ten or ten thousand objects cached.
-    pub(crate) fn controlled_by(&self, uid: &str) -> Vec<Arc<K>> {
-        let keys = self.controlled.lock().keys(uid);
-        keys.iter().filter_map(|key| self.get(key)).filter(|obj| controller_uid(&**obj) == Some(uid)).collect()
     }
 
     /// Record what the API server returned to our write (`None`: we deleted
@@ -168,25 +205,12 @@ where
         self.synced.subscribe().wait_for(|synced| *synced).await.is_ok()
     }
 
-    /// The reader the controller schedules syncs from.
-    pub(crate) fn store(&self) -> Store<K> {
-        self.store.clone()
-    }
-
     fn observe(&self, event: &watcher::Event<K>) {
         match event {
-            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+            watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) | watcher::Event::Delete(obj) => {
                 self.written().observe(obj);
-                self.controlled.lock().apply(obj);
-            }
-            watcher::Event::Delete(obj) => {
-                self.written().observe(obj);
-                self.controlled.lock().remove(&ObjectRef::from_obj(obj));
             }
             watcher::Event::InitDone => {
-                // A relist replaced the store: objects deleted while the
-                // watch was down must leave the index too.
-                *self.controlled.lock() = ByController::of(self.store.state());
                 self.synced.send_replace(true);
             }
             watcher::Event::Init => {}
@@ -198,7 +222,27 @@ where
     }
 }
 
-/// Keep what a sync reads of a Deployment: identity, owner, deletion,
+impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K, Reflected<K>> {
+    /// The reader the controller schedules syncs from.
+    pub(crate) fn store(&self) -> Store<K> {
+        self.kept.store.clone()
+    }
+}
+
+impl DeploymentCache {
+    /// Cached Deployments whose controller (the ownerReference with
+    /// `controller: true`) has `uid`, as [`Cache::get`] sees them: found
+    /// through an index, so a sync costs the same with ten or ten thousand
+    /// Deployments cached.
+    pub(crate) fn controlled_by(&self, uid: &str) -> Vec<Arc<DeploymentView>> {
+        let keys = self.kept.controlled_by(uid);
+        let controller_uid = |d: &DeploymentView| controller_of(d).map(|o| o.uid.as_str() == uid);
+        keys.iter().filter_map(|key| self.get(key)).filter(|d| controller_uid(d) == Some(true)).collect()
+    }
+}
+
+/// Keep what a sync reads of a Deployment (what [`DeploymentStore`] keeps):
+/// identity, resourceVersion, controller, deletion,
 /// whether it carries our label, and the labels it follows its Foo's shard
 /// by, in a map its shard's Deployments share (the view itself holds only
 /// `spec.replicas` and `status.availableReplicas`).
@@ -215,6 +259,9 @@ pub fn trim_deployment(shard: &Shard) -> impl Fn(&mut DeploymentView) + Send + S
             d.shard_labels = Some(shard.follow_shared(d.metadata.labels.as_ref()));
         }
         d.metadata.labels = None;
+        // Read of Foos only; the Deployments' store keeps neither.
+        d.metadata.generation = None;
+        d.metadata.creation_timestamp = None;
     }
 }
 
@@ -275,9 +322,9 @@ mod tests {
         ours.status = Some(crate::FooStatus { available_replicas: 1, ..Default::default() });
         let mut edited = ours.clone();
         edited.metadata.resource_version = Some("102".into());
-        let (cache, writer) = Cache::new(trim_foo(&Shard::all()));
+        let cache = FooCache::new(trim_foo(&Shard::all()));
         let (events, stream) = futures::channel::mpsc::unbounded();
-        let drained = tokio::spawn(cache.reflect(writer, stream).for_each(|_| async {}));
+        let drained = tokio::spawn(cache.reflect(stream).for_each(|_| async {}));
         for event in [watcher::Event::Init, watcher::Event::InitApply(before.clone()), watcher::Event::InitDone] {
             events.unbounded_send(Ok(event)).unwrap();
         }
@@ -299,9 +346,9 @@ mod tests {
         let a1 = DeploymentView::owned_by(&a);
         let a2 = DeploymentView::owned_by(&a.clone().deployment("a2"));
         let b1 = DeploymentView::owned_by(&b);
-        let (cache, writer) = Cache::new(trim_deployment(&Shard::all()));
+        let cache = DeploymentCache::new(trim_deployment(&Shard::all()));
         let (events, stream) = futures::channel::mpsc::unbounded();
-        let drained = tokio::spawn(cache.reflect(writer, stream).for_each(|_| async {}));
+        let drained = tokio::spawn(cache.reflect(stream).for_each(|_| async {}));
         let send = |e| events.unbounded_send(Ok(e)).unwrap();
         let names = |uid: &str| {
             let mut names: Vec<_> = cache.controlled_by(uid).iter().map(|d| d.name_any()).collect();

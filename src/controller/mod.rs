@@ -22,7 +22,7 @@ use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
 use crate::api::shard::Shard;
 use crate::api::wire::{FooWire, foo_event};
-use crate::cache::{Cache, Caches, by_name, trim_deployment, trim_foo};
+use crate::cache::{Caches, DeploymentCache, FooCache, by_name, trim_deployment, trim_foo};
 use crate::client::api;
 use crate::client::watch::watch;
 use crate::controller::backlog::{Backlog, Lane};
@@ -87,8 +87,8 @@ pub fn build(
         None => base.clone(),
     };
     let deployment_watch = base.labels(&shard.narrow(&managed_selector()));
-    let (foos, foo_writer) = Cache::new(trim_foo(shard));
-    let (deployments, deployment_writer) = Cache::new(trim_deployment(shard));
+    let foos = FooCache::new(trim_foo(shard));
+    let deployments = DeploymentCache::new(trim_deployment(shard));
     // Decoded without what a sync never reads (`wire`).
     let foo_events = watch(api::<FooWire>(client, settings.namespace.as_deref()), foo_watch).map_ok(foo_event);
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
@@ -107,7 +107,7 @@ pub fn build(
     let backlog = Arc::new(Backlog::new(settings.workers, queue.clone()));
     let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
     let (b1, b2) = (backlog.clone(), backlog.clone());
-    let foo_triggers = changed_foos(foos.reflect(foo_writer, foo_events)).filter_map(move |change| {
+    let foo_triggers = changed_foos(foos.reflect(foo_events)).filter_map(move |change| {
         std::future::ready(match change {
             Ok((foo, Lane::Later)) => {
                 b1.push(by_name(&foo), Lane::Later);
@@ -122,7 +122,7 @@ pub fn build(
     });
     // Deletions too: a Deployment deleted by hand is put back.
     let owned_triggers =
-        changed_deployments(deployments.reflect(deployment_writer, deployment_events), b2).inspect(move |d| {
+        changed_deployments(deployments.reflect(deployment_events), b2).inspect(move |d| {
             if let Ok(foo) = d.as_ref().map(controlling_foo) {
                 foo.into_iter().for_each(|foo| q2.added(queue_key(&foo)));
             }

@@ -15,7 +15,7 @@ use kube::runtime::watcher;
 use crate::api::deployment::controlling_foo;
 use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
-use crate::cache::{Cache, by_name};
+use crate::cache::{FooCache, by_name};
 use crate::controller::backlog::{Backlog, Lane, first_sync_lane};
 
 /// What makes a Foo worth a sync: its identity, its generation, and the
@@ -109,7 +109,7 @@ pub(crate) fn changed_deployments(
 /// refused because another Foo held the name can take it now, rather than
 /// when its error backoff (up to 1000 s) runs out.
 pub(crate) fn waiting_for(
-    foos: Arc<Cache<Foo>>,
+    foos: Arc<FooCache>,
     freed: impl futures::Stream<Item = ObjectRef<DeploymentView>> + Send + 'static,
 ) -> impl futures::Stream<Item = ObjectRef<Foo>> + Send + 'static {
     freed.flat_map(move |d| {

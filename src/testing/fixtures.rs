@@ -13,6 +13,7 @@ use crate::api::deployment::desired_deployment;
 use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::{Foo, FooSpec};
 use crate::api::shard::UNSHARDED;
+use crate::cache::{Cache, Keep};
 
 /// Builders of Foos.
 pub trait FooFixture: Sized {
@@ -168,4 +169,23 @@ impl DeploymentFixture for DeploymentView {
 /// `/metrics` for all tests.
 pub fn metric_value(text: &str, series: &str) -> Option<f64> {
     text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.split(' ').next()?.parse().ok())
+}
+
+/// A cache holding `objects` trimmed by `trim`, as its watch's first list
+/// would leave it.
+pub async fn filled<K, S>(
+    objects: impl IntoIterator<Item = K>,
+    trim: impl Fn(&mut K) + Send + Sync + 'static,
+) -> std::sync::Arc<Cache<K, S>>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
+    S: Keep<K>,
+{
+    use futures::StreamExt;
+    use kube::runtime::watcher::Event;
+    let cache = Cache::new(trim);
+    let listed: Vec<_> = objects.into_iter().map(Event::InitApply).collect();
+    let events = std::iter::once(Event::Init).chain(listed).chain([Event::InitDone]).map(Ok);
+    cache.reflect(futures::stream::iter(events)).for_each(|_| async {}).await;
+    cache
 }

@@ -33,7 +33,10 @@ pub mod app {
 
 /// The caches, for tests that fill them by hand.
 pub mod cache {
-    pub use crate::cache::{Cache, Caches, trim_deployment, trim_foo};
+    pub use crate::cache::{
+        Cache, Caches, DeploymentCache, DeploymentStore, FooCache, Keep, Reflected, trim_deployment, trim_foo,
+    };
+    pub use crate::testing::fixtures::filled;
 }
 
 /// The client as the operator builds it, and how it names itself.

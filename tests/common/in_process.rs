@@ -12,7 +12,7 @@ use sample_controller::Foo;
 use sample_controller::testing::api::DeploymentView;
 use sample_controller::testing::api::Shard;
 use sample_controller::testing::app::start_adoption;
-use sample_controller::testing::cache::{Cache, Caches, trim_deployment, trim_foo};
+use sample_controller::testing::cache::{Caches, filled, trim_deployment, trim_foo};
 use sample_controller::testing::controller::{self, Settings};
 use sample_controller::testing::observe::Metrics;
 use sample_controller::testing::reconcile::Adoption;
@@ -78,22 +78,10 @@ pub async fn caches_holding(foos: &[Foo], deployments: &[Deployment]) -> Caches 
 /// [`caches_holding`], as the caches of `shard` hold them (trimmed to the
 /// labels its Deployments follow).
 pub async fn caches_of_shard(shard: &Shard, foos: &[Foo], deployments: &[Deployment]) -> Caches {
-    let views: Vec<DeploymentView> = deployments.iter().cloned().map(DeploymentView::from).collect();
+    let views = deployments.iter().cloned().map(DeploymentView::from);
     Caches {
-        foos: filled(foos, trim_foo(shard)).await,
-        deployments: filled(&views, trim_deployment(shard)).await,
+        foos: filled(foos.iter().cloned(), trim_foo(shard)).await,
+        deployments: filled(views, trim_deployment(shard)).await,
         shard: shard.clone(),
     }
-}
-
-async fn filled<K>(objects: &[K], trim: impl Fn(&mut K) + Send + Sync + 'static) -> Arc<Cache<K>>
-where
-    K: kube::Resource<DynamicType = ()> + Clone + std::fmt::Debug + Send + Sync + 'static,
-{
-    let (cache, writer) = Cache::new(trim);
-    let mut events = vec![Ok(WatchEvent::Init)];
-    events.extend(objects.iter().cloned().map(|o| Ok(WatchEvent::InitApply(o))));
-    events.push(Ok(WatchEvent::InitDone));
-    cache.reflect(writer, futures::stream::iter(events)).for_each(|_| async {}).await;
-    cache
 }
