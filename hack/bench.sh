@@ -229,7 +229,8 @@ done
 # and the edits, so that growth is theirs alone.
 # They go into the controller's own namespace, so only the label filter of
 # its Deployment watch keeps them out of its cache.
-rss_foreign=("0:$(rss "$pid")")
+rss_rest=$(rss "$pid")
+rss_foreign=("0:$rss_rest")
 have=0
 for n in $FOREIGN; do
   log "adding Deployments of someone else's to $ns: $n"
@@ -300,6 +301,7 @@ printf '%-58s %s\n' "Foo spec.replicas edit -> Deployment updated" "${latency#*:
 printf '%-58s %s\n' "a sync's time: p99 / p99.9 (histogram bucket bounds)" "$sync_p99 / $sync_p999"
 printf '%-58s %s\n' "requests for $EDITS edits" "${edit_requests[0]}  ($(per_foo "${edit_requests[0]}" "$EDITS") per edit)"
 printf '%-58s %s\n' "RSS after convergence" "$rss_converged MiB  (peak while converging $peak_converging MiB; empty process $rss_empty MiB: $(calc %.2f "($rss_converged - $rss_empty) * 1024 / $N") KiB per Foo above it)"
+printf '%-58s %s\n' "RSS at rest (Events sent, edits done)" "$rss_rest MiB  ($(calc %.2f "($rss_rest - $rss_empty) * 1024 / $N") KiB per Foo above the empty process)"
 for mode in paged streaming; do
   printf '%-58s %s\n' "a starting standby, $mode lists: peak / at rest" \
     "${start_peak[$mode]} / ${start_rest[$mode]} MiB  ($(ratio "${start_peak[$mode]}" "${start_rest[$mode]}")x)"

@@ -42,8 +42,10 @@ pub struct DeploymentStore {
 
 #[derive(Default)]
 struct State {
-    /// By `namespace/name`, the key shared with `by_controller`.
-    by_name: HashMap<Arc<str>, Kept>,
+    /// By `namespace/name`, the key shared with `by_controller`. Boxed: a
+    /// map's slots are a third to half empty after it grows, and a slot is
+    /// the size of what it holds.
+    by_name: HashMap<Arc<str>, Box<Kept>>,
     /// A controller has one Deployment, or a few while a rename settles.
     by_controller: HashMap<Token, Names>,
     /// The owners' apiVersion and kind: a handful of pairs, shared.
@@ -153,7 +155,7 @@ impl State {
             shard_labels: d.shard_labels.clone(),
             managed: d.managed,
         };
-        self.by_name.insert(key, kept);
+        self.by_name.insert(key, Box::new(kept));
     }
 
     fn remove(&mut self, key: &str) {

@@ -15,7 +15,7 @@ use kube::runtime::watcher;
 use crate::api::deployment::controlling_foo;
 use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
-use crate::cache::{FooCache, by_name};
+use crate::cache::FooCache;
 use crate::controller::backlog::{Backlog, Lane, first_sync_lane};
 
 /// What makes a Foo worth a sync: its identity, its generation, and the
@@ -40,9 +40,7 @@ pub(crate) fn changed_foos(
     use watcher::Event;
     // During a relist, what it holds goes into a map of its own, which
     // replaces the last at its end: what it no longer holds is forgotten.
-    // Keyed by name and namespace only (`by_name`): `sync_worthy` includes
-    // the uid, so a Foo deleted and made again under its name is new.
-    let (mut seen, mut relist) = (HashMap::<ObjectRef<Foo>, u64>::new(), None::<HashMap<ObjectRef<Foo>, u64>>);
+    let (mut seen, mut relist) = (Seen::new(), None::<Seen>);
     events.filter_map(move |event| {
         let out = match event {
             Err(e) => Some(Err(e)),
@@ -55,12 +53,12 @@ pub(crate) fn changed_foos(
                 None
             }
             Ok(Event::Delete(foo)) => {
-                seen.remove(&by_name(&foo));
+                seen.remove(&named(&foo));
                 None
             }
             Ok(Event::Apply(foo)) => remember(&mut seen, relist.as_mut(), foo, Lane::Now).map(Ok),
             Ok(Event::InitApply(foo)) => {
-                let lane = if seen.contains_key(&by_name(&foo)) { Lane::Now } else { first_sync_lane(&foo) };
+                let lane = if seen.contains_key(&named(&foo)) { Lane::Now } else { first_sync_lane(&foo) };
                 remember(&mut seen, relist.as_mut(), foo, lane).map(Ok)
             }
         };
@@ -68,15 +66,25 @@ pub(crate) fn changed_foos(
     })
 }
 
+/// What each Foo seen was worth ([`sync_worthy`]), by [`named`].
+type Seen = HashMap<u64, u64>;
+
+/// A Foo's name and namespace, hashed: 16 bytes a Foo in [`Seen`] where an
+/// `ObjectRef` key took 104 and two strings. Two Foos whose keys collide
+/// (one chance in 2^64 a pair) would cost a sync too many, never a change
+/// missed: what is kept under the key, `sync_worthy`, has the uid in it, so
+/// the other Foo's value never matches. The uid is in that value, not the
+/// key, so a Foo deleted and made again under its name is new.
+fn named(foo: &Foo) -> u64 {
+    let mut hasher = std::hash::DefaultHasher::new();
+    (&foo.metadata.namespace, &foo.metadata.name).hash(&mut hasher);
+    hasher.finish()
+}
+
 /// Note what `foo` is worth (into the relist's map while one runs), and
 /// give it back with its lane if that changed.
-fn remember(
-    seen: &mut HashMap<ObjectRef<Foo>, u64>,
-    relist: Option<&mut HashMap<ObjectRef<Foo>, u64>>,
-    foo: Foo,
-    lane: Lane,
-) -> Option<(Foo, Lane)> {
-    let (key, now) = (by_name(&foo), sync_worthy(&foo));
+fn remember(seen: &mut Seen, relist: Option<&mut Seen>, foo: Foo, lane: Lane) -> Option<(Foo, Lane)> {
+    let (key, now) = (named(&foo), sync_worthy(&foo));
     let before = seen.get(&key).copied();
     relist.unwrap_or(seen).insert(key, now);
     (before != Some(now)).then_some((foo, lane))
