@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicIsize, Ordering};
 use k8s_openapi::api::apps::v1::Deployment;
 use sample_controller::Foo;
 use sample_controller::testing::api::{DeploymentView, FooWire, Shard, desired_deployment};
-use sample_controller::testing::cache::{DeploymentStore, Keep, Reflected, filled, trim_deployment, trim_foo};
+use sample_controller::testing::cache::{DeploymentStore, FooStore, Keep, filled, trim_deployment, trim_foo};
 use serde_json::{Value, json};
 
 /// Counts the bytes and blocks live, then asks the system allocator.
@@ -162,11 +162,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let decode = |(i, foo)| serde_json::from_value(deployment_json(foo, i)).expect("a Deployment decodes");
         owners.iter().enumerate().map(decode).collect()
     };
-    let foo_cost = cost::<_, Reflected<Foo>, _>(foos, || trim_foo(&shard)).await;
+    let foo_cost = cost::<_, FooStore, _>(foos, || trim_foo(&shard)).await;
     let deployment_cost = cost::<_, DeploymentStore, _>(deployments, || trim_deployment(&shard)).await;
     println!("the controller's caches, {n} Foos and their Deployments, bytes asked of the allocator:");
-    report("Foos, in kube-runtime's store", &foo_cost);
-    report("Deployments, in our own", &deployment_cost);
+    report("Foos", &foo_cost);
+    report("Deployments", &deployment_cost);
     let total = foo_cost.total + deployment_cost.total;
     println!(
         "  in all: {total:.0} B per Foo ({:.2} KiB) in {:.1} blocks; sizes: Foo {} B, DeploymentView {} B, ObjectMeta {} B",

@@ -230,7 +230,7 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Pa
     let start_writing = async {
         gate.held().await;
         start_adoption(&caches, &adoption, Some(gate.clone()));
-        backlog.push_all(caches.foos.filter(|_| true));
+        backlog.push_all(&caches.foos);
         std::future::pending::<()>().await
     };
     let result = tokio::select! {

@@ -19,12 +19,11 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use parking_lot::{Mutex, RwLock};
 
-use super::Keep;
+use super::{Keep, key_from_ref, key_of, object_ref, split_key};
 use super::token::Token;
 use crate::api::deployment::controller_of;
 use crate::api::deployment_view::{DeploymentView, ViewSpec, ViewStatus};
@@ -98,15 +97,15 @@ impl Keep<DeploymentView> for DeploymentStore {
         }
     }
 
-    fn get(&self, key: &ObjectRef<DeploymentView>) -> Option<Arc<DeploymentView>> {
+    fn get(&self, key: &ObjectRef<DeploymentView>) -> Option<DeploymentView> {
         let key = key_from_ref(key);
         let state = self.state.read();
-        state.by_name.get_key_value(key.as_str()).map(|(key, kept)| Arc::new(kept.view(key)))
+        state.by_name.get_key_value(key.as_str()).map(|(key, kept)| kept.view(key))
     }
 
-    fn filter(&self, predicate: &dyn Fn(&DeploymentView) -> bool) -> Vec<Arc<DeploymentView>> {
+    fn filter_map<T>(&self, mut f: impl FnMut(DeploymentView) -> Option<T>) -> Vec<T> {
         let state = self.state.read();
-        state.by_name.iter().map(|(key, kept)| kept.view(key)).filter(|d| predicate(d)).map(Arc::new).collect()
+        state.by_name.iter().filter_map(|(key, kept)| f(kept.view(key))).collect()
     }
 }
 
@@ -200,7 +199,7 @@ impl State {
 impl Kept {
     /// The view the trim left, rebuilt.
     fn view(&self, key: &str) -> DeploymentView {
-        let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+        let (namespace, name) = split_key(key);
         let owner = self.controller.as_ref().map(|c| OwnerReference {
             api_version: c.kind.api_version.clone(),
             kind: c.kind.kind.clone(),
@@ -212,7 +211,7 @@ impl Kept {
         DeploymentView {
             metadata: ObjectMeta {
                 name: Some(name.to_owned()),
-                namespace: (!namespace.is_empty()).then(|| namespace.to_owned()),
+                namespace: namespace.map(str::to_owned),
                 uid: self.uid.as_ref().map(Token::to_string),
                 resource_version: self.version.as_ref().map(Token::to_string),
                 deletion_timestamp: self.deleting.clone(),
@@ -225,21 +224,6 @@ impl Kept {
             shard_labels: self.shard_labels.clone(),
         }
     }
-}
-
-/// `namespace/name`: neither may hold a `/`.
-fn key_of(d: &DeploymentView) -> String {
-    format!("{}/{}", d.namespace().unwrap_or_default(), d.name_any())
-}
-
-fn key_from_ref(key: &ObjectRef<DeploymentView>) -> String {
-    format!("{}/{}", key.namespace.as_deref().unwrap_or_default(), key.name)
-}
-
-fn object_ref(key: &str) -> ObjectRef<DeploymentView> {
-    let (namespace, name) = key.split_once('/').unwrap_or(("", key));
-    let by_name = ObjectRef::new(name);
-    if namespace.is_empty() { by_name } else { by_name.within(namespace) }
 }
 
 #[cfg(test)]
@@ -278,7 +262,7 @@ mod tests {
         for d in [DeploymentView::from(ours), theirs, bare] {
             let d = trimmed(d);
             let store = applied([Apply(d.clone())]);
-            assert_eq!(store.get(&ObjectRef::from_obj(&d)).as_deref(), Some(&d));
+            assert_eq!(store.get(&ObjectRef::from_obj(&d)), Some(d));
         }
     }
 

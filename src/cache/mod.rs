@@ -36,6 +36,7 @@
 //! never woken and every sync waited for it.
 
 mod deployments;
+mod foos;
 mod own_writes;
 mod token;
 
@@ -45,7 +46,7 @@ use std::sync::Arc;
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::WatchStreamExt;
-use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use parking_lot::Mutex;
 use tokio::sync::watch;
@@ -55,6 +56,7 @@ use crate::api::deployment_view::DeploymentView;
 use crate::api::foo::Foo;
 use crate::api::shard::Shard;
 pub use deployments::DeploymentStore;
+pub use foos::FooStore;
 use own_writes::OwnWrites;
 
 /// What the controller knows of the cluster, filled by its watches.
@@ -68,8 +70,9 @@ pub struct Caches {
     pub shard: Shard,
 }
 
-/// The Foos, in kube-runtime's store: the `Controller` reads from it.
-pub type FooCache = Cache<Foo, Reflected<Foo>>;
+/// The Foos, in a store of our own beside the few the `Controller` has work
+/// for.
+pub type FooCache = Cache<Foo, FooStore>;
 
 /// The Deployments, in a store of our own that keeps them small.
 pub type DeploymentCache = Cache<DeploymentView, DeploymentStore>;
@@ -83,41 +86,15 @@ impl Caches {
     }
 }
 
-/// Where a cache keeps what its watch delivers.
+/// Where a cache keeps what its watch delivers: each object in a few
+/// fixed fields, rebuilt when read.
 pub trait Keep<K: Resource<DynamicType = ()>>: Default + Send + Sync + 'static {
     /// Keep what a (trimmed) watch event says.
     fn apply(&self, event: &watcher::Event<K>);
-    /// The object kept under `key`.
-    fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>>;
-    /// The objects kept that match `predicate`.
-    fn filter(&self, predicate: &dyn Fn(&K) -> bool) -> Vec<Arc<K>>;
-}
-
-/// kube-runtime's reflector store.
-pub struct Reflected<K: Resource<DynamicType = ()> + Clone + 'static> {
-    store: Store<K>,
-    writer: Mutex<Writer<K>>,
-}
-
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Default for Reflected<K> {
-    fn default() -> Self {
-        let (store, writer) = reflector::store();
-        Reflected { store, writer: Mutex::new(writer) }
-    }
-}
-
-impl<K: Resource<DynamicType = ()> + Clone + Send + Sync + 'static> Keep<K> for Reflected<K> {
-    fn apply(&self, event: &watcher::Event<K>) {
-        self.writer.lock().apply_watcher_event(event);
-    }
-
-    fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
-        self.store.get(key)
-    }
-
-    fn filter(&self, predicate: &dyn Fn(&K) -> bool) -> Vec<Arc<K>> {
-        self.store.state_filter(predicate)
-    }
+    /// The object kept under `key`, rebuilt.
+    fn get(&self, key: &ObjectRef<K>) -> Option<K>;
+    /// What `f` makes of each object kept, rebuilt one at a time.
+    fn filter_map<T>(&self, f: impl FnMut(K) -> Option<T>) -> Vec<T>;
 }
 
 /// How a cache trims what it keeps.
@@ -165,7 +142,7 @@ where
     /// returned to our last write of it if the cache has not seen that yet.
     /// `None` if it does not exist (or we deleted it).
     pub(crate) fn get(&self, key: &ObjectRef<K>) -> Option<Arc<K>> {
-        self.written().resolve(key, self.kept.get(key))
+        self.written().resolve(key, self.kept.get(key).map(Arc::new))
     }
 
     /// The newest version we know of `obj`, a copy the store handed out
@@ -173,19 +150,25 @@ where
     /// write since, and cleared our record of it), or our write.
     pub(crate) fn latest(&self, obj: Arc<K>) -> Arc<K> {
         let key = ObjectRef::from_obj(&*obj);
-        let cached = self.kept.get(&key).unwrap_or_else(|| obj.clone());
+        let cached = self.kept.get(&key).map_or_else(|| obj.clone(), Arc::new);
         self.written().resolve(&key, Some(cached)).unwrap_or(obj)
     }
 
     /// Cached objects matching `predicate`, as [`Cache::get`] sees them.
     pub(crate) fn filter(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
+        let kept = self.kept.filter_map(|obj| predicate(&obj).then(|| Arc::new(obj)));
         let written = self.written();
-        self.kept
-            .filter(&predicate)
-            .into_iter()
+        kept.into_iter()
             .filter_map(|obj| written.resolve(&ObjectRef::from_obj(&obj), Some(obj)))
             .filter(|obj| predicate(obj))
             .collect()
+    }
+
+    /// What `f` makes of each object as the watch delivered it (our own
+    /// writes it has not delivered yet are not looked at): for a pass over
+    /// every object that keeps little of each.
+    pub(crate) fn extract<T>(&self, f: impl Fn(&K) -> Option<T>) -> Vec<T> {
+        self.kept.filter_map(|obj| f(&obj))
     }
 
     /// Record what the API server returned to our write (`None`: we deleted
@@ -222,10 +205,31 @@ where
     }
 }
 
-impl<K: Resource<DynamicType = ()> + Clone + 'static> Cache<K, Reflected<K>> {
-    /// The reader the controller schedules syncs from.
-    pub(crate) fn store(&self) -> Store<K> {
-        self.kept.store.clone()
+impl FooCache {
+    /// The Foos the `Controller` syncs, read from the working set
+    /// ([`FooStore`]).
+    pub(crate) fn store(&self) -> Store<Foo> {
+        self.kept.working_set()
+    }
+
+    /// Put the Foo `key` names where the sync about to be woken will read
+    /// it, if it is cached.
+    pub(crate) fn schedule_ref(&self, key: &ObjectRef<Foo>) {
+        if let Some(foo) = self.get(key) {
+            self.kept.schedule(&foo);
+        }
+    }
+
+    /// A sync of `foo` (the copy the `Controller` gave it) ended with
+    /// nothing left to do.
+    pub(crate) fn done(&self, foo: &Arc<Foo>) {
+        self.kept.done(foo);
+    }
+
+    /// The Foos in `namespace` that name the Deployment `name`, read without
+    /// rebuilding any Foo.
+    pub(crate) fn naming(&self, namespace: &str, name: &str) -> Vec<ObjectRef<Foo>> {
+        self.kept.naming(namespace, name)
     }
 }
 
@@ -290,6 +294,34 @@ pub(crate) fn by_name<K: Resource<DynamicType = ()>>(obj: &K) -> ObjectRef<K> {
     match &meta.namespace {
         Some(ns) => key.within(ns),
         None => key,
+    }
+}
+
+/// A store's key for `obj`: `namespace/name` (neither may hold a `/`).
+fn key_of<K: Resource>(obj: &K) -> String {
+    let meta = obj.meta();
+    format!("{}/{}", meta.namespace.as_deref().unwrap_or_default(), meta.name.as_deref().unwrap_or_default())
+}
+
+/// [`key_of`] the object `key` names.
+fn key_from_ref<K: Resource<DynamicType = ()>>(key: &ObjectRef<K>) -> String {
+    format!("{}/{}", key.namespace.as_deref().unwrap_or_default(), key.name)
+}
+
+/// The namespace and name of a [`key_of`].
+fn split_key(key: &str) -> (Option<&str>, &str) {
+    match key.split_once('/') {
+        Some((namespace, name)) if !namespace.is_empty() => (Some(namespace), name),
+        Some((_, name)) => (None, name),
+        None => (None, key),
+    }
+}
+
+/// The object a [`key_of`] names.
+fn object_ref<K: Resource<DynamicType = ()>>(key: &str) -> ObjectRef<K> {
+    match split_key(key) {
+        (Some(namespace), name) => ObjectRef::new(name).within(namespace),
+        (None, name) => ObjectRef::new(name),
     }
 }
 

@@ -25,7 +25,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use crate::api::foo::Foo;
-use crate::cache::by_name;
+use crate::cache::{FooCache, by_name};
 use crate::observe::queue_metrics::{Key, Priority, QueueMetrics, queue_key};
 
 /// Foos the backlog lets in at a time, per worker: one waiting for each
@@ -104,10 +104,13 @@ impl Backlog {
         self.changed.notify_one();
     }
 
-    /// Sync every one of `foos` (taking the Lease), each by its
-    /// [`first_sync_lane`].
-    pub(crate) fn push_all(&self, foos: impl IntoIterator<Item = Arc<Foo>>) {
-        let pushed: Vec<_> = foos.into_iter().map(|foo| (by_name(&*foo), first_sync_lane(&foo))).collect();
+    /// Sync every cached Foo (taking the Lease), each by its
+    /// [`first_sync_lane`]; the Foos are read one at a time, none kept.
+    pub(crate) fn push_all(&self, foos: &FooCache) {
+        self.push_lanes(foos.extract(|foo| Some((by_name(foo), first_sync_lane(foo)))));
+    }
+
+    fn push_lanes(&self, pushed: Vec<(ObjectRef<Foo>, Lane)>) {
         pushed.iter().for_each(|(foo, lane)| self.queue.added_as(queue_key(foo), lane.priority()));
         let mut state = self.state.lock();
         pushed.into_iter().for_each(|(foo, lane)| state.push(foo, lane));
@@ -194,6 +197,11 @@ mod tests {
         foo
     }
 
+    /// What taking the Lease pushes for `foos`.
+    fn lanes(foos: &[Foo]) -> Vec<(ObjectRef<Foo>, Lane)> {
+        foos.iter().map(|foo| (by_name(foo), first_sync_lane(foo))).collect()
+    }
+
     fn names(foos: &[ObjectRef<Foo>]) -> Vec<&str> {
         foos.iter().map(|f| f.name.as_str()).collect()
     }
@@ -223,7 +231,7 @@ mod tests {
     fn a_change_overtakes_the_backlog_which_lets_in_only_its_room() {
         let backlog = backlog(1);
         let waiting: Vec<Foo> = (0..ROOM_PER_WORKER + 3).map(|i| in_sync(&format!("foo-{i}"))).collect();
-        backlog.push_all(waiting.into_iter().map(Arc::new));
+        backlog.push_lanes(lanes(&waiting));
         backlog.push(by_name(&Foo::test("edited")), Lane::Now);
         let mut stream = Box::pin(backlog.clone().stream());
         let first = ready(&mut stream);
@@ -249,8 +257,8 @@ mod tests {
     #[tokio::test]
     async fn the_backlog_drains_while_changes_keep_overtaking_it() {
         let backlog = backlog(2);
-        let waiting: Vec<Arc<Foo>> = (0..1000).map(|i| Arc::new(in_sync(&format!("foo-{i}")))).collect();
-        backlog.push_all(waiting);
+        let waiting: Vec<Foo> = (0..1000).map(|i| in_sync(&format!("foo-{i}"))).collect();
+        backlog.push_lanes(lanes(&waiting));
         let mut stream = Box::pin(backlog.clone().stream());
         let mut drained = Vec::new();
         for round in 0.. {
@@ -276,7 +284,8 @@ mod tests {
     #[test]
     fn a_drained_burst_of_changes_lets_its_table_go() {
         let backlog = backlog(1);
-        backlog.push_all((0..1000).map(|i| Arc::new(Foo::test(&format!("upstreams-{i}")))));
+        let upstreams: Vec<Foo> = (0..1000).map(|i| Foo::test(&format!("upstreams-{i}"))).collect();
+        backlog.push_lanes(lanes(&upstreams));
         let mut stream = Box::pin(backlog.clone().stream());
         let first: Vec<_> = (0..999).map(|_| stream.next().now_or_never().flatten().unwrap()).collect();
         assert_eq!(first.len(), 999, "changes need no room");

@@ -64,6 +64,17 @@ impl Backoff for EachWatchBacksOff {
     fn reset(&mut self) {}
 }
 
+/// What each trigger does before the `Controller` hears of it: put the Foo
+/// where the sync will read it ([`FooCache::schedule_ref`]) and count it as
+/// the workqueue's add.
+fn waking(foos: &Arc<FooCache>, queue: &Arc<QueueMetrics>) -> impl Fn(&ObjectRef<Foo>) + Send + Sync + 'static {
+    let (foos, queue) = (foos.clone(), queue.clone());
+    move |foo| {
+        foos.schedule_ref(foo);
+        queue.added(queue_key(foo));
+    }
+}
+
 /// Build the controller, the caches its syncs read, and the backlog its
 /// first syncs wait in (see [`crate::controller::backlog`]; taking the Lease fills it
 /// too). Only the Deployments labelled as made by this controller are
@@ -105,8 +116,8 @@ pub fn build(
     // `changed_foos`).
     queue.set_workers(settings.workers.into());
     let backlog = Arc::new(Backlog::new(settings.workers, queue.clone()));
-    let (q1, q2, q3) = (queue.clone(), queue.clone(), queue);
-    let (b1, b2) = (backlog.clone(), backlog.clone());
+    let (wake1, wake2, wake3) = (waking(&foos, &queue), waking(&foos, &queue), waking(&foos, &queue));
+    let (b1, b2, f4) = (backlog.clone(), backlog.clone(), foos.clone());
     let foo_triggers = changed_foos(foos.reflect(foo_events)).filter_map(move |change| {
         std::future::ready(match change {
             Ok((foo, Lane::Later)) => {
@@ -114,7 +125,7 @@ pub fn build(
                 None
             }
             Ok((foo, Lane::Now)) => {
-                q1.added(queue_key(&ObjectRef::from_obj(&foo)));
+                wake1(&ObjectRef::from_obj(&foo));
                 Some(Ok(foo))
             }
             Err(e) => Some(Err(e)),
@@ -124,15 +135,17 @@ pub fn build(
     let owned_triggers =
         changed_deployments(deployments.reflect(deployment_events), b2).inspect(move |d| {
             if let Ok(foo) = d.as_ref().map(controlling_foo) {
-                foo.into_iter().for_each(|foo| q2.added(queue_key(&foo)));
+                foo.iter().for_each(&wake2);
             }
         });
-    let freed_triggers = waiting_for(foos.clone(), freed_names).inspect(move |foo| q3.added(queue_key(foo)));
+    let freed_triggers = waiting_for(foos.clone(), freed_names).inspect(wake3);
+    // The backlog counts its own adds.
+    let let_in = backlog.clone().stream().inspect(move |foo| f4.schedule_ref(foo));
 
     let controller = Controller::for_stream(foo_triggers, foos.store())
         .owns_stream(owned_triggers)
         .reconcile_on(freed_triggers)
-        .reconcile_on(backlog.clone().stream())
+        .reconcile_on(let_in)
         .trigger_backoff(EachWatchBacksOff)
         .with_config(ControllerConfig::default().concurrency(settings.workers));
     (controller, Caches { foos, deployments, shard: shard.clone() }, backlog)

@@ -120,10 +120,7 @@ pub(crate) fn waiting_for(
     foos: Arc<FooCache>,
     freed: impl futures::Stream<Item = ObjectRef<DeploymentView>> + Send + 'static,
 ) -> impl futures::Stream<Item = ObjectRef<Foo>> + Send + 'static {
-    freed.flat_map(move |d| {
-        let naming = foos.filter(|f| f.metadata.namespace == d.namespace && f.spec.deployment_name == d.name);
-        futures::stream::iter(naming.into_iter().map(|f| ObjectRef::from_obj(&*f)))
-    })
+    freed.flat_map(move |d| futures::stream::iter(foos.naming(d.namespace.as_deref().unwrap_or_default(), &d.name)))
 }
 
 #[cfg(test)]

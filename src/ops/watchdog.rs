@@ -92,7 +92,7 @@ pub(crate) fn spawn(caches: Caches, metrics: Arc<Metrics>, gate: Option<Arc<Writ
         let mut tick = tokio::time::interval(PERIOD);
         loop {
             tick.tick().await;
-            let foos = caches.foos.filter(|_| true);
+            let foos = caches.foos.filter(|foo| !synced(foo));
             let (count, oldest) = backlog.tally(foos.iter().map(|f| &**f), Instant::now(), Timestamp::now());
             metrics.set_unsynced(count, oldest);
             let Some(gate) = &gate else { continue };

@@ -34,12 +34,16 @@ pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
         // until it takes the Lease, which syncs every Foo. What triggered
         // this is no work waiting, so the queue metrics do not count it.
         ctx.metrics.queue.forget(&queue_key(&obj));
+        ctx.caches.foos.done(&foo);
         return Ok(Action::await_change());
     }
     let _active = ctx.metrics.worker_started();
     let _working = ctx.metrics.queue.started(&queue_key(&obj));
     let started = Instant::now();
-    let result = guarded(sync(foo, &ctx), &queue_key(&obj), &ctx).await;
+    let result = guarded(sync(foo.clone(), &ctx), &queue_key(&obj), &ctx).await;
+    if result.as_ref().is_ok_and(|action| *action == Action::await_change()) {
+        ctx.caches.foos.done(&foo);
+    }
     ctx.metrics.observe_reconcile(started.elapsed(), result.as_ref());
     match &result {
         Ok(_) => ctx.failures.reset(&obj),

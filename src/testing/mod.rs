@@ -34,7 +34,7 @@ pub mod app {
 /// The caches, for tests that fill them by hand.
 pub mod cache {
     pub use crate::cache::{
-        Cache, Caches, DeploymentCache, DeploymentStore, FooCache, Keep, Reflected, trim_deployment, trim_foo,
+        Cache, Caches, DeploymentCache, DeploymentStore, FooCache, FooStore, Keep, trim_deployment, trim_foo,
     };
     pub use crate::testing::fixtures::filled;
 }

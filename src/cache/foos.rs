@@ -1,0 +1,294 @@
+//! The Foos' store, our own: what a sync reads of each Foo in fixed fields
+//! ([`super::deployments`] says why), and beside it the few Foos the
+//! `Controller` has work for.
+//!
+//! kube-runtime's `Controller` reads the object of each sync it runs from a
+//! reflector store, which keeps every object whole (a 360-byte `ObjectMeta`
+//! and a key of four strings: 920 bytes per Foo at 10 000,
+//! `benches/cache_memory.rs`). Here that store, the working set, holds only
+//! the Foos with a sync to come, under way or to retry: whatever wakes a
+//! sync puts its Foo there ([`FooStore::schedule`]) before the `Controller`
+//! hears of it, and a sync that ends with nothing left to do takes it out
+//! ([`FooStore::done`]) unless something woke it again meanwhile. At rest
+//! the working set is empty, and every Foo is one entry here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
+use kube::runtime::watcher;
+use parking_lot::{Mutex, RwLock};
+
+use super::{Keep, key_from_ref, key_of, object_ref, split_key};
+use super::token::Token;
+use crate::api::foo::{Foo, FooSpec, FooStatus};
+
+/// The Foos the watch delivered, kept small, and the Foos with work to do.
+pub struct FooStore {
+    state: RwLock<State>,
+    /// Filled by a relist until it is complete, then swapped in whole.
+    relist: Mutex<Option<State>>,
+    working: Working,
+}
+
+#[derive(Default)]
+struct State {
+    /// By `namespace/name`. Boxed: a slot is the size of what it holds,
+    /// and a map's slots are a third to half empty after it grows.
+    by_name: HashMap<Arc<str>, Box<Kept>>,
+}
+
+/// What a sync reads of one Foo.
+struct Kept {
+    uid: Option<Token>,
+    version: Option<Token>,
+    generation: Option<i64>,
+    created: Option<Time>,
+    deleting: Option<Time>,
+    /// The labels its shard keeps (none when it keeps none).
+    labels: Option<BTreeMap<String, String>>,
+    deployment_name: Box<str>,
+    replicas: Option<i32>,
+    status: Option<Box<FooStatus>>,
+}
+
+/// The Foos with a sync to come, under way, or to retry, in the
+/// kube-runtime store the `Controller` reads them from.
+struct Working {
+    store: Store<Foo>,
+    writer: Mutex<Writer<Foo>>,
+}
+
+impl Default for FooStore {
+    fn default() -> Self {
+        let (store, mut writer) = reflector::store();
+        // Ready at once: the syncs themselves wait for the caches (the
+        // adoption pass waits for them, and every sync for the pass).
+        writer.apply_watcher_event(&watcher::Event::Init);
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+        let working = Working { store, writer: Mutex::new(writer) };
+        FooStore { state: RwLock::default(), relist: Mutex::default(), working }
+    }
+}
+
+impl Keep<Foo> for FooStore {
+    fn apply(&self, event: &watcher::Event<Foo>) {
+        match event {
+            watcher::Event::Apply(foo) => self.state.write().insert(foo),
+            watcher::Event::Delete(foo) => {
+                self.state.write().by_name.remove(key_of(foo).as_str());
+                self.working.writer.lock().apply_watcher_event(event);
+            }
+            watcher::Event::Init => *self.relist.lock() = Some(State::default()),
+            watcher::Event::InitApply(foo) => self.relist.lock().get_or_insert_default().insert(foo),
+            watcher::Event::InitDone => {
+                if let Some(listed) = self.relist.lock().take() {
+                    self.forget_work_of_foos_not_in(&listed);
+                    *self.state.write() = listed;
+                }
+            }
+        }
+    }
+
+    fn get(&self, key: &ObjectRef<Foo>) -> Option<Foo> {
+        let key = key_from_ref(key);
+        let state = self.state.read();
+        state.by_name.get_key_value(key.as_str()).map(|(key, kept)| kept.view(key))
+    }
+
+    fn filter_map<T>(&self, mut f: impl FnMut(Foo) -> Option<T>) -> Vec<T> {
+        let state = self.state.read();
+        state.by_name.iter().filter_map(|(key, kept)| f(kept.view(key))).collect()
+    }
+}
+
+impl FooStore {
+    /// The store the `Controller` reads the Foos it syncs from.
+    pub(super) fn working_set(&self) -> Store<Foo> {
+        self.working.store.clone()
+    }
+
+    /// Put `foo` in the working set, for a sync the caller is about to
+    /// wake: a newer copy than any there, so a sync under way with an older
+    /// one leaves it for the next ([`FooStore::done`]).
+    pub(super) fn schedule(&self, foo: &Foo) {
+        self.working.writer.lock().apply_watcher_event(&watcher::Event::Apply(foo.clone()));
+    }
+
+    /// A sync of `foo` (the copy the working set gave it) ended with nothing
+    /// left to do: out of the working set, unless a newer copy is there
+    /// (something woke it again since it started).
+    pub(super) fn done(&self, foo: &Arc<Foo>) {
+        let mut writer = self.working.writer.lock();
+        let current = self.working.store.get(&ObjectRef::from_obj(&**foo));
+        if current.is_some_and(|current| Arc::ptr_eq(&current, foo)) {
+            writer.apply_watcher_event(&watcher::Event::Delete((**foo).clone()));
+        }
+    }
+
+    /// The Foos in `namespace` whose spec names the Deployment `name`.
+    pub(super) fn naming(&self, namespace: &str, name: &str) -> Vec<ObjectRef<Foo>> {
+        let state = self.state.read();
+        let naming = state.by_name.iter().filter(|(key, kept)| {
+            &*kept.deployment_name == name && split_key(key).0 == Some(namespace)
+        });
+        naming.map(|(key, _)| object_ref(key)).collect()
+    }
+
+    /// A relist ended: work on Foos deleted while the watch was down is
+    /// dropped, as a watch's deletion drops it.
+    fn forget_work_of_foos_not_in(&self, listed: &State) {
+        let mut writer = self.working.writer.lock();
+        for foo in self.working.store.state() {
+            if !listed.by_name.contains_key(key_of(&*foo).as_str()) {
+                writer.apply_watcher_event(&watcher::Event::Delete((*foo).clone()));
+            }
+        }
+    }
+}
+
+impl State {
+    fn insert(&mut self, foo: &Foo) {
+        let meta = &foo.metadata;
+        let kept = Kept {
+            uid: meta.uid.as_deref().map(Token::new),
+            version: meta.resource_version.as_deref().map(Token::new),
+            generation: meta.generation,
+            created: meta.creation_timestamp.clone(),
+            deleting: meta.deletion_timestamp.clone(),
+            labels: meta.labels.clone(),
+            deployment_name: foo.spec.deployment_name.as_str().into(),
+            replicas: foo.spec.replicas,
+            status: foo.status.clone().map(Box::new),
+        };
+        self.by_name.insert(key_of(foo).into(), Box::new(kept));
+    }
+}
+
+impl Kept {
+    /// The Foo the trim left, rebuilt.
+    fn view(&self, key: &str) -> Foo {
+        let (namespace, name) = split_key(key);
+        let metadata = ObjectMeta {
+            name: Some(name.to_owned()),
+            namespace: namespace.map(str::to_owned),
+            uid: self.uid.as_ref().map(Token::to_string),
+            resource_version: self.version.as_ref().map(Token::to_string),
+            generation: self.generation,
+            creation_timestamp: self.created.clone(),
+            deletion_timestamp: self.deleting.clone(),
+            labels: self.labels.clone(),
+            ..ObjectMeta::default()
+        };
+        let spec = FooSpec { deployment_name: self.deployment_name.to_string(), replicas: self.replicas };
+        Foo { metadata, spec, status: self.status.as_deref().cloned() }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FooStatus;
+    use crate::api::shard::Shard;
+    use crate::cache::trim_foo;
+    use crate::testing::FooFixture;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+    use k8s_openapi::jiff::Timestamp;
+    use watcher::Event::*;
+
+    fn trimmed(mut foo: Foo) -> Foo {
+        trim_foo(&Shard::parse("shard in (a,b)").unwrap())(&mut foo);
+        foo
+    }
+
+    fn applied(events: impl IntoIterator<Item = watcher::Event<Foo>>) -> FooStore {
+        let store = FooStore::default();
+        events.into_iter().for_each(|e| store.apply(&e));
+        store
+    }
+
+    fn working(store: &FooStore) -> Vec<String> {
+        let mut names: Vec<_> = store.working_set().state().iter().map(|f| f.metadata.name.clone().unwrap()).collect();
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn a_sync_reads_back_the_foo_the_trim_left() {
+        let mut synced = Foo::test("synced").label("shard", "a").generation(3);
+        synced.metadata.creation_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        synced.status = Some(FooStatus {
+            available_replicas: 2,
+            observed_generation: Some(3),
+            conditions: vec![Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: "Synced".into(),
+                message: "Foo synced successfully".into(),
+                last_transition_time: Time(Timestamp::UNIX_EPOCH),
+                observed_generation: Some(3),
+            }],
+        });
+        let mut going = Foo::test("going");
+        going.metadata.deletion_timestamp = Some(Time(Timestamp::UNIX_EPOCH));
+        going.metadata.resource_version = Some("0x2a".into());
+        let mut bare = Foo::test("bare");
+        (bare.metadata.uid, bare.metadata.resource_version, bare.spec.replicas) = (None, None, None);
+        for foo in [synced, going, bare] {
+            let foo = trimmed(foo);
+            let store = applied([Apply(foo.clone())]);
+            assert_eq!(store.get(&ObjectRef::from_obj(&foo)), Some(foo));
+        }
+    }
+
+    #[test]
+    fn a_sync_leaves_the_working_set_unless_woken_again_meanwhile() {
+        let (a, b) = (trimmed(Foo::test("a")), trimmed(Foo::test("b")));
+        let store = applied([Apply(a.clone()), Apply(b.clone())]);
+        assert!(working(&store).is_empty(), "at rest, nothing in it");
+        store.schedule(&a);
+        store.schedule(&b);
+        let key = ObjectRef::from_obj(&a);
+        let given = store.working_set().get(&key).unwrap();
+        store.done(&given);
+        store.schedule(&b);
+        let stale = store.working_set().get(&ObjectRef::from_obj(&b)).unwrap();
+        store.schedule(&b);
+        store.done(&stale);
+        assert_eq!(working(&store), ["b"], "woken again while its sync ran: stays for the next");
+        store.done(&store.working_set().get(&ObjectRef::from_obj(&b)).unwrap());
+        assert!(working(&store).is_empty());
+    }
+
+    #[test]
+    fn work_on_a_deleted_foo_is_dropped_by_its_deletion_or_a_relist() {
+        let (a, b, c) = (trimmed(Foo::test("a")), trimmed(Foo::test("b")), trimmed(Foo::test("c")));
+        let store = applied([Apply(a.clone()), Apply(b.clone()), Apply(c.clone())]);
+        for foo in [&a, &b, &c] {
+            store.schedule(foo);
+        }
+        store.apply(&Delete(a));
+        assert_eq!(working(&store), ["b", "c"]);
+        // A relist that no longer holds b: deleted while the watch was down.
+        for e in [Init, InitApply(c.clone()), InitDone] {
+            store.apply(&e);
+        }
+        assert_eq!(working(&store), ["c"]);
+        assert!(store.get(&ObjectRef::from_obj(&b)).is_none());
+    }
+
+    #[test]
+    fn naming_finds_the_foos_of_a_deployment_name_in_its_namespace_only() {
+        let a = trimmed(Foo::test("a").deployment("shared"));
+        let b = trimmed(Foo::test("b").deployment("shared"));
+        let mut elsewhere = trimmed(Foo::test("c").deployment("shared"));
+        elsewhere.metadata.namespace = Some("other".into());
+        let other_name = trimmed(Foo::test("d").deployment("own"));
+        let store = applied([Apply(a.clone()), Apply(b), Apply(elsewhere), Apply(other_name)]);
+        let mut names: Vec<_> =
+            store.naming(a.metadata.namespace.as_deref().unwrap(), "shared").into_iter().map(|k| k.name).collect();
+        names.sort();
+        assert_eq!(names, ["a", "b"]);
+    }
+}
