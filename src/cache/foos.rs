@@ -14,6 +14,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
@@ -58,16 +59,16 @@ struct Kept {
 struct Working {
     store: Store<Foo>,
     writer: Mutex<Writer<Foo>>,
+    /// The Foo watch's first list is complete: the working set says it is
+    /// ready, and the `Controller` starts syncing, as it would on a
+    /// reflector store of every Foo.
+    ready: AtomicBool,
 }
 
 impl Default for FooStore {
     fn default() -> Self {
-        let (store, mut writer) = reflector::store();
-        // Ready at once: the syncs themselves wait for the caches (the
-        // adoption pass waits for them, and every sync for the pass).
-        writer.apply_watcher_event(&watcher::Event::Init);
-        writer.apply_watcher_event(&watcher::Event::InitDone);
-        let working = Working { store, writer: Mutex::new(writer) };
+        let (store, writer) = reflector::store();
+        let working = Working { store, writer: Mutex::new(writer), ready: AtomicBool::new(false) };
         FooStore { state: RwLock::default(), relist: Mutex::default(), working }
     }
 }
@@ -87,14 +88,13 @@ impl Keep<Foo> for FooStore {
                     self.forget_work_of_foos_not_in(&listed);
                     *self.state.write() = listed;
                 }
+                self.working.set_ready();
             }
         }
     }
 
     fn get(&self, key: &ObjectRef<Foo>) -> Option<Foo> {
-        let key = key_from_ref(key);
-        let state = self.state.read();
-        state.by_name.get_key_value(key.as_str()).map(|(key, kept)| kept.view(key))
+        self.state.read().view(&key_from_ref(key))
     }
 
     fn filter_map<T>(&self, mut f: impl FnMut(Foo) -> Option<T>) -> Vec<T> {
@@ -109,11 +109,15 @@ impl FooStore {
         self.working.store.clone()
     }
 
-    /// Put `foo` in the working set, for a sync the caller is about to
-    /// wake: a newer copy than any there, so a sync under way with an older
-    /// one leaves it for the next ([`FooStore::done`]).
-    pub(super) fn schedule(&self, foo: &Foo) {
-        self.working.writer.lock().apply_watcher_event(&watcher::Event::Apply(foo.clone()));
+    /// Put the Foo `key` names in the working set, for a sync the caller
+    /// is about to wake: a newer copy than any there, so a sync under way
+    /// with an older one leaves it for the next ([`FooStore::done`]). One a
+    /// relist under way holds is as the relist has it.
+    pub(super) fn schedule(&self, key: &ObjectRef<Foo>) {
+        let key = key_from_ref(key);
+        let listed = self.relist.lock().as_ref().and_then(|relist| relist.view(&key));
+        let Some(foo) = listed.or_else(|| self.state.read().view(&key)) else { return };
+        self.working.writer.lock().apply_watcher_event(&watcher::Event::Apply(foo));
     }
 
     /// A sync of `foo` (the copy the working set gave it) ended with nothing
@@ -148,7 +152,26 @@ impl FooStore {
     }
 }
 
+impl Working {
+    /// Once: say the working set is ready, keeping what it holds (a Foo
+    /// listed for a sync before the list was complete).
+    fn set_ready(&self) {
+        let mut writer = self.writer.lock();
+        if self.ready.swap(true, Ordering::Relaxed) {
+            return;
+        }
+        let held = self.store.state();
+        writer.apply_watcher_event(&watcher::Event::Init);
+        held.iter().for_each(|foo| writer.apply_watcher_event(&watcher::Event::InitApply((**foo).clone())));
+        writer.apply_watcher_event(&watcher::Event::InitDone);
+    }
+}
+
 impl State {
+    fn view(&self, key: &str) -> Option<Foo> {
+        self.by_name.get_key_value(key).map(|(key, kept)| kept.view(key))
+    }
+
     fn insert(&mut self, foo: &Foo) {
         let meta = &foo.metadata;
         let kept = Kept {
@@ -247,14 +270,14 @@ mod tests {
         let (a, b) = (trimmed(Foo::test("a")), trimmed(Foo::test("b")));
         let store = applied([Apply(a.clone()), Apply(b.clone())]);
         assert!(working(&store).is_empty(), "at rest, nothing in it");
-        store.schedule(&a);
-        store.schedule(&b);
+        store.schedule(&ObjectRef::from_obj(&a));
+        store.schedule(&ObjectRef::from_obj(&b));
         let key = ObjectRef::from_obj(&a);
         let given = store.working_set().get(&key).unwrap();
         store.done(&given);
-        store.schedule(&b);
+        store.schedule(&ObjectRef::from_obj(&b));
         let stale = store.working_set().get(&ObjectRef::from_obj(&b)).unwrap();
-        store.schedule(&b);
+        store.schedule(&ObjectRef::from_obj(&b));
         store.done(&stale);
         assert_eq!(working(&store), ["b"], "woken again while its sync ran: stays for the next");
         store.done(&store.working_set().get(&ObjectRef::from_obj(&b)).unwrap());
@@ -262,11 +285,24 @@ mod tests {
     }
 
     #[test]
+    fn a_foo_woken_during_the_first_list_waits_in_the_working_set_until_the_list_is_complete() {
+        use futures::FutureExt;
+        let a = trimmed(Foo::test("a"));
+        let store = applied([Init, InitApply(a.clone())]);
+        store.schedule(&ObjectRef::from_obj(&a));
+        let ready = || store.working_set().wait_until_ready().now_or_never().is_some();
+        assert!(!ready(), "the Controller waits for the first list, as on a reflector store");
+        store.apply(&InitDone);
+        assert!(ready());
+        assert_eq!(working(&store), ["a"], "found in the list under way, kept when it completed");
+    }
+
+    #[test]
     fn work_on_a_deleted_foo_is_dropped_by_its_deletion_or_a_relist() {
         let (a, b, c) = (trimmed(Foo::test("a")), trimmed(Foo::test("b")), trimmed(Foo::test("c")));
         let store = applied([Apply(a.clone()), Apply(b.clone()), Apply(c.clone())]);
         for foo in [&a, &b, &c] {
-            store.schedule(foo);
+            store.schedule(&ObjectRef::from_obj(foo));
         }
         store.apply(&Delete(a));
         assert_eq!(working(&store), ["b", "c"]);

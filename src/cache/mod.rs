@@ -214,10 +214,8 @@ impl FooCache {
 
     /// Put the Foo `key` names where the sync about to be woken will read
     /// it, if it is cached.
-    pub(crate) fn schedule_ref(&self, key: &ObjectRef<Foo>) {
-        if let Some(foo) = self.get(key) {
-            self.kept.schedule(&foo);
-        }
+    pub(crate) fn schedule(&self, key: &ObjectRef<Foo>) {
+        self.kept.schedule(key);
     }
 
     /// A sync of `foo` (the copy the `Controller` gave it) ended with

@@ -65,12 +65,12 @@ impl Backoff for EachWatchBacksOff {
 }
 
 /// What each trigger does before the `Controller` hears of it: put the Foo
-/// where the sync will read it ([`FooCache::schedule_ref`]) and count it as
+/// where the sync will read it ([`FooCache::schedule`]) and count it as
 /// the workqueue's add.
 fn waking(foos: &Arc<FooCache>, queue: &Arc<QueueMetrics>) -> impl Fn(&ObjectRef<Foo>) + Send + Sync + 'static {
     let (foos, queue) = (foos.clone(), queue.clone());
     move |foo| {
-        foos.schedule_ref(foo);
+        foos.schedule(foo);
         queue.added(queue_key(foo));
     }
 }
@@ -140,7 +140,7 @@ pub fn build(
         });
     let freed_triggers = waiting_for(foos.clone(), freed_names).inspect(wake3);
     // The backlog counts its own adds.
-    let let_in = backlog.clone().stream().inspect(move |foo| f4.schedule_ref(foo));
+    let let_in = backlog.clone().stream().inspect(move |foo| f4.schedule(foo));
 
     let controller = Controller::for_stream(foo_triggers, foos.store())
         .owns_stream(owned_triggers)
