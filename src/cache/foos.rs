@@ -14,7 +14,6 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
@@ -58,18 +57,29 @@ struct Kept {
 /// kube-runtime store the `Controller` reads them from.
 struct Working {
     store: Store<Foo>,
-    writer: Mutex<Writer<Foo>>,
+    writing: Mutex<Writing>,
+}
+
+struct Writing {
+    writer: Writer<Foo>,
     /// The Foo watch's first list is complete: the working set says it is
     /// ready, and the `Controller` starts syncing, as it would on a
     /// reflector store of every Foo.
-    ready: AtomicBool,
+    ready: bool,
+    /// The most Foos held since the store's map was last built: a hash map
+    /// keeps the room it grew to, so after a burst it is built again.
+    peak: usize,
 }
+
+/// Below this many Foos held at once, the room a burst left is not worth
+/// building the map again for.
+const REBUILT_FROM: usize = 1024;
 
 impl Default for FooStore {
     fn default() -> Self {
         let (store, writer) = reflector::store();
-        let working = Working { store, writer: Mutex::new(writer), ready: AtomicBool::new(false) };
-        FooStore { state: RwLock::default(), relist: Mutex::default(), working }
+        let writing = Mutex::new(Writing { writer, ready: false, peak: 0 });
+        FooStore { state: RwLock::default(), relist: Mutex::default(), working: Working { store, writing } }
     }
 }
 
@@ -79,13 +89,15 @@ impl Keep<Foo> for FooStore {
             watcher::Event::Apply(foo) => self.state.write().insert(foo),
             watcher::Event::Delete(foo) => {
                 self.state.write().by_name.remove(key_of(foo).as_str());
-                self.working.writer.lock().apply_watcher_event(event);
+                self.working.remove(&ObjectRef::from_obj(foo), None);
             }
             watcher::Event::Init => *self.relist.lock() = Some(State::default()),
             watcher::Event::InitApply(foo) => self.relist.lock().get_or_insert_default().insert(foo),
             watcher::Event::InitDone => {
                 if let Some(listed) = self.relist.lock().take() {
-                    self.forget_work_of_foos_not_in(&listed);
+                    // Work on Foos deleted while the watch was down goes, as
+                    // a watch's deletion takes it.
+                    self.working.remove_where(|held| !listed.by_name.contains_key(key_of(held).as_str()));
                     *self.state.write() = listed;
                 }
                 self.working.set_ready();
@@ -117,18 +129,14 @@ impl FooStore {
         let key = key_from_ref(key);
         let listed = self.relist.lock().as_ref().and_then(|relist| relist.view(&key));
         let Some(foo) = listed.or_else(|| self.state.read().view(&key)) else { return };
-        self.working.writer.lock().apply_watcher_event(&watcher::Event::Apply(foo));
+        self.working.insert(foo);
     }
 
     /// A sync of `foo` (the copy the working set gave it) ended with nothing
     /// left to do: out of the working set, unless a newer copy is there
     /// (something woke it again since it started).
     pub(super) fn done(&self, foo: &Arc<Foo>) {
-        let mut writer = self.working.writer.lock();
-        let current = self.working.store.get(&ObjectRef::from_obj(&**foo));
-        if current.is_some_and(|current| Arc::ptr_eq(&current, foo)) {
-            writer.apply_watcher_event(&watcher::Event::Delete((**foo).clone()));
-        }
+        self.working.remove(&ObjectRef::from_obj(&**foo), Some(foo));
     }
 
     /// The Foos in `namespace` whose spec names the Deployment `name`.
@@ -139,31 +147,61 @@ impl FooStore {
         });
         naming.map(|(key, _)| object_ref(key)).collect()
     }
-
-    /// A relist ended: work on Foos deleted while the watch was down is
-    /// dropped, as a watch's deletion drops it.
-    fn forget_work_of_foos_not_in(&self, listed: &State) {
-        let mut writer = self.working.writer.lock();
-        for foo in self.working.store.state() {
-            if !listed.by_name.contains_key(key_of(&*foo).as_str()) {
-                writer.apply_watcher_event(&watcher::Event::Delete((*foo).clone()));
-            }
-        }
-    }
 }
 
 impl Working {
+    fn insert(&self, foo: Foo) {
+        let mut writing = self.writing.lock();
+        writing.writer.apply_watcher_event(&watcher::Event::Apply(foo));
+        writing.peak = writing.peak.max(self.store.len());
+    }
+
+    /// Take out the Foo `key` names (only if it is `copy`, when given).
+    fn remove(&self, key: &ObjectRef<Foo>, copy: Option<&Arc<Foo>>) {
+        let mut writing = self.writing.lock();
+        let Some(held) = self.store.get(key) else { return };
+        if copy.is_none_or(|copy| Arc::ptr_eq(copy, &held)) {
+            writing.writer.apply_watcher_event(&watcher::Event::Delete((*held).clone()));
+            self.shrink(&mut writing);
+        }
+    }
+
+    /// Take out the Foos held that match `gone` (a scan: after relists).
+    fn remove_where(&self, gone: impl Fn(&Foo) -> bool) {
+        let mut writing = self.writing.lock();
+        for held in self.store.state_filter(|held| gone(held)) {
+            writing.writer.apply_watcher_event(&watcher::Event::Delete((*held).clone()));
+        }
+        self.shrink(&mut writing);
+    }
+
+    /// After a burst, build the map again at the size of what is left.
+    fn shrink(&self, writing: &mut Writing) {
+        if writing.ready && writing.peak >= REBUILT_FROM && self.store.len() * 4 <= writing.peak {
+            self.rebuild(writing);
+        }
+    }
+
     /// Once: say the working set is ready, keeping what it holds (a Foo
     /// listed for a sync before the list was complete).
     fn set_ready(&self) {
-        let mut writer = self.writer.lock();
-        if self.ready.swap(true, Ordering::Relaxed) {
-            return;
+        let mut writing = self.writing.lock();
+        if !writing.ready {
+            self.rebuild(&mut writing);
+            writing.ready = true;
         }
+    }
+
+    /// Build the map again with what it holds: a list of it, as a relist
+    /// replaces a reflector store's map (it is ready after the first).
+    fn rebuild(&self, writing: &mut Writing) {
         let held = self.store.state();
-        writer.apply_watcher_event(&watcher::Event::Init);
-        held.iter().for_each(|foo| writer.apply_watcher_event(&watcher::Event::InitApply((**foo).clone())));
-        writer.apply_watcher_event(&watcher::Event::InitDone);
+        writing.writer.apply_watcher_event(&watcher::Event::Init);
+        for foo in &held {
+            writing.writer.apply_watcher_event(&watcher::Event::InitApply((**foo).clone()));
+        }
+        writing.writer.apply_watcher_event(&watcher::Event::InitDone);
+        writing.peak = held.len();
     }
 }
 
@@ -295,6 +333,23 @@ mod tests {
         store.apply(&InitDone);
         assert!(ready());
         assert_eq!(working(&store), ["a"], "found in the list under way, kept when it completed");
+    }
+
+    #[test]
+    fn after_a_burst_the_working_set_is_built_again_at_the_size_of_what_is_left() {
+        let foos: Vec<Foo> = (0..2000).map(|i| trimmed(Foo::test(&format!("foo-{i}")))).collect();
+        let listed = foos.iter().cloned().map(InitApply);
+        let store = applied(std::iter::once(Init).chain(listed).chain([InitDone]));
+        foos.iter().for_each(|foo| store.schedule(&ObjectRef::from_obj(foo)));
+        assert_eq!(store.working.writing.lock().peak, 2000);
+        for foo in &foos[..1499] {
+            store.done(&store.working_set().get(&ObjectRef::from_obj(foo)).unwrap());
+        }
+        assert_eq!(store.working.writing.lock().peak, 2000, "501 left: more than a quarter");
+        store.done(&store.working_set().get(&ObjectRef::from_obj(&foos[1499])).unwrap());
+        assert_eq!(store.working.writing.lock().peak, 500, "a quarter left: built again");
+        assert_eq!(store.working_set().len(), 500, "with all it held");
+        assert!(store.working_set().get(&ObjectRef::from_obj(&foos[1999])).is_some());
     }
 
     #[test]
