@@ -12,17 +12,23 @@
 //! block up to its size class, which the benchmark's RSS includes
 //! (`hack/bench.sh` prints that, for the whole process).
 
-use std::alloc::{GlobalAlloc, Layout, System};
+use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
 use k8s_openapi::api::apps::v1::Deployment;
 use sample_controller::Foo;
 use sample_controller::testing::api::{DeploymentView, FooWire, Shard, desired_deployment};
-use sample_controller::testing::cache::{DeploymentStore, FooStore, Keep, filled, trim_deployment, trim_foo};
+use kube::runtime::watcher::Event;
+use futures::StreamExt;
+use sample_controller::testing::cache::{
+    DeploymentCache, DeploymentStore, FooCache, FooStore, Keep, filled, trim_deployment, trim_foo,
+};
 use serde_json::{Value, json};
 
-/// Counts the bytes and blocks live, then asks the system allocator.
+/// Counts the bytes and blocks live, then asks the operator's allocator.
 struct Counting;
+
+static ALLOCATOR_BELOW: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 static BYTES: AtomicIsize = AtomicIsize::new(0);
 static BLOCKS: AtomicIsize = AtomicIsize::new(0);
@@ -31,7 +37,7 @@ static BLOCKS: AtomicIsize = AtomicIsize::new(0);
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
-        let block = unsafe { System.alloc(layout) };
+        let block = unsafe { ALLOCATOR_BELOW.alloc(layout) };
         if !block.is_null() {
             BYTES.fetch_add(layout.size() as isize, Ordering::Relaxed);
             BLOCKS.fetch_add(1, Ordering::Relaxed);
@@ -41,14 +47,14 @@ unsafe impl GlobalAlloc for Counting {
 
     unsafe fn dealloc(&self, block: *mut u8, layout: Layout) {
         // SAFETY: the caller's contract, passed on.
-        unsafe { System.dealloc(block, layout) };
+        unsafe { ALLOCATOR_BELOW.dealloc(block, layout) };
         BYTES.fetch_sub(layout.size() as isize, Ordering::Relaxed);
         BLOCKS.fetch_sub(1, Ordering::Relaxed);
     }
 
     unsafe fn realloc(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller's contract, passed on.
-        let moved = unsafe { System.realloc(block, layout, new_size) };
+        let moved = unsafe { ALLOCATOR_BELOW.realloc(block, layout, new_size) };
         if !moved.is_null() {
             BYTES.fetch_add(new_size as isize - layout.size() as isize, Ordering::Relaxed);
         }
@@ -176,5 +182,54 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::mem::size_of::<DeploymentView>(),
         std::mem::size_of::<k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta>(),
     );
+    resident(n, &shard).await;
     Ok(())
+}
+
+/// A page of a list, as the watch's events.
+fn listed<K>(page: Vec<K>) -> impl futures::Stream<Item = kube::runtime::watcher::Result<Event<K>>> {
+    futures::stream::iter(page.into_iter().map(|o| Ok(Event::InitApply(o))))
+}
+
+/// Resident memory: what the kernel counts, the allocator's rounding and
+/// what it keeps around the live blocks included.
+fn rss() -> f64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: f64 = statm.split_whitespace().nth(1).and_then(|p| p.parse().ok()).unwrap_or(0.0);
+    pages * 4096.0
+}
+
+/// Both caches filled as the watches fill them, a page of 500 decoded and
+/// stored at a time, and what that leaves resident once the allocator has
+/// returned what it freed (its background thread purges within seconds).
+async fn resident(n: usize, shard: &Shard) {
+    const PAGE: usize = 500;
+    let settle = std::time::Duration::from_secs(25);
+    tokio::time::sleep(settle).await;
+    let (before, asked) = (rss(), live().0);
+    let foos = FooCache::new(trim_foo(shard));
+    let deployments = DeploymentCache::new(trim_deployment(shard));
+    for start in (0..n).step_by(PAGE) {
+        let page: Vec<Foo> = (start..n.min(start + PAGE))
+            .map(|i| Foo::from(serde_json::from_value::<FooWire>(foo_json(i)).expect("a Foo decodes")))
+            .collect();
+        let views: Vec<DeploymentView> = page
+            .iter()
+            .zip(start..)
+            .map(|(foo, i)| serde_json::from_value(deployment_json(foo, i)).expect("a Deployment decodes"))
+            .collect();
+        foos.reflect(listed(page)).for_each(|_| async {}).await;
+        deployments.reflect(listed(views)).for_each(|_| async {}).await;
+    }
+    let filled = live().0 - asked;
+    tokio::time::sleep(settle).await;
+    let grown = rss() - before;
+    println!(
+        "  resident, filled a page at a time and {}s later: {:.0} B per Foo, for {:.0} B asked ({:.2}x)",
+        settle.as_secs(),
+        grown / n as f64,
+        filled as f64 / n as f64,
+        grown / filled as f64,
+    );
+    drop((foos, deployments));
 }

@@ -10,10 +10,8 @@
 //! the owner's apiVersion and kind shared, the replicas asked and available,
 //! its deletion and its shard labels (a map its shard's Deployments share).
 //! A sync is handed the [`DeploymentView`] rebuilt from it: the same view
-//! the trim left ([`super::trim_deployment`]).
-//!
-//! The Foos stay in kube-runtime's store: the `Controller` reads its objects
-//! from one.
+//! the trim left ([`super::trim_deployment`]). The Foos are kept the same
+//! way ([`super::FooStore`]).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;

@@ -22,7 +22,7 @@ use parking_lot::{Mutex, RwLock};
 
 use super::{Keep, key_from_ref, key_of, object_ref, split_key};
 use super::token::Token;
-use crate::api::foo::{Foo, FooSpec, FooStatus};
+use crate::api::foo::{Foo, FooSpec, FooStatus, status_caught_up};
 
 /// The Foos the watch delivered, kept small, and the Foos with work to do.
 pub struct FooStore {
@@ -67,7 +67,8 @@ struct Writing {
     /// reflector store of every Foo.
     ready: bool,
     /// The most Foos held since the store's map was last built: a hash map
-    /// keeps the room it grew to, so after a burst it is built again.
+    /// keeps the room it grew to, so once a burst has drained, it is built
+    /// again.
     peak: usize,
 }
 
@@ -139,6 +140,18 @@ impl FooStore {
         self.working.remove(&ObjectRef::from_obj(&**foo), Some(foo));
     }
 
+    pub(super) fn contains(&self, key: &ObjectRef<Foo>) -> bool {
+        self.state.read().by_name.contains_key(key_from_ref(key).as_str())
+    }
+
+    /// The Foos whose status has not caught up with their generation,
+    /// rebuilt; the others are read in place.
+    pub(super) fn unsynced(&self) -> Vec<Foo> {
+        let state = self.state.read();
+        let behind = state.by_name.iter().filter(|(_, kept)| !kept.caught_up());
+        behind.map(|(key, kept)| kept.view(key)).collect()
+    }
+
     /// The Foos in `namespace` whose spec names the Deployment `name`.
     pub(super) fn naming(&self, namespace: &str, name: &str) -> Vec<ObjectRef<Foo>> {
         let state = self.state.read();
@@ -175,9 +188,11 @@ impl Working {
         self.shrink(&mut writing);
     }
 
-    /// After a burst, build the map again at the size of what is left.
+    /// Once a burst has drained, build the map again, empty. Only empty: a
+    /// rebuild copies what it holds into new `Arc`s, and a sync under way
+    /// would no longer find its copy there to take out ([`FooStore::done`]).
     fn shrink(&self, writing: &mut Writing) {
-        if writing.ready && writing.peak >= REBUILT_FROM && self.store.len() * 4 <= writing.peak {
+        if writing.ready && writing.peak >= REBUILT_FROM && self.store.is_empty() {
             self.rebuild(writing);
         }
     }
@@ -228,6 +243,11 @@ impl State {
 }
 
 impl Kept {
+    fn caught_up(&self) -> bool {
+        let observed = self.status.as_ref().and_then(|s| s.observed_generation);
+        status_caught_up(self.generation, observed, self.deleting.is_some())
+    }
+
     /// The Foo the trim left, rebuilt.
     fn view(&self, key: &str) -> Foo {
         let (namespace, name) = split_key(key);
@@ -336,20 +356,20 @@ mod tests {
     }
 
     #[test]
-    fn after_a_burst_the_working_set_is_built_again_at_the_size_of_what_is_left() {
+    fn once_a_burst_has_drained_the_working_set_is_built_again_and_syncs_under_way_still_leave_it() {
         let foos: Vec<Foo> = (0..2000).map(|i| trimmed(Foo::test(&format!("foo-{i}")))).collect();
         let listed = foos.iter().cloned().map(InitApply);
         let store = applied(std::iter::once(Init).chain(listed).chain([InitDone]));
         foos.iter().for_each(|foo| store.schedule(&ObjectRef::from_obj(foo)));
         assert_eq!(store.working.writing.lock().peak, 2000);
-        for foo in &foos[..1499] {
-            store.done(&store.working_set().get(&ObjectRef::from_obj(foo)).unwrap());
-        }
-        assert_eq!(store.working.writing.lock().peak, 2000, "501 left: more than a quarter");
-        store.done(&store.working_set().get(&ObjectRef::from_obj(&foos[1499])).unwrap());
-        assert_eq!(store.working.writing.lock().peak, 500, "a quarter left: built again");
-        assert_eq!(store.working_set().len(), 500, "with all it held");
-        assert!(store.working_set().get(&ObjectRef::from_obj(&foos[1999])).is_some());
+        let copy = |foo: &Foo| store.working_set().get(&ObjectRef::from_obj(foo)).unwrap();
+        // The last one's sync is under way with its copy while the rest end.
+        let under_way = copy(&foos[1999]);
+        foos[..1999].iter().for_each(|foo| store.done(&copy(foo)));
+        assert_eq!(store.working.writing.lock().peak, 2000, "one left: not rebuilt");
+        store.done(&under_way);
+        assert!(store.working_set().is_empty(), "the sync under way took its Foo out");
+        assert_eq!(store.working.writing.lock().peak, 0, "drained: built again");
     }
 
     #[test]
@@ -367,6 +387,23 @@ mod tests {
         }
         assert_eq!(working(&store), ["c"]);
         assert!(store.get(&ObjectRef::from_obj(&b)).is_none());
+    }
+
+    #[test]
+    fn unsynced_finds_the_foos_whose_status_is_behind_their_generation_and_no_others() {
+        let status = |observed| Some(FooStatus { observed_generation: observed, ..FooStatus::default() });
+        let mut synced = trimmed(Foo::test("synced").generation(2));
+        synced.status = status(Some(2));
+        let mut edited = trimmed(Foo::test("edited").generation(3));
+        edited.status = status(Some(2));
+        let never = trimmed(Foo::test("never").generation(1));
+        let mut going = never.clone();
+        (going.metadata.name, going.metadata.deletion_timestamp) =
+            (Some("going".into()), Some(Time(Timestamp::UNIX_EPOCH)));
+        let store = applied([Apply(synced), Apply(edited.clone()), Apply(never.clone()), Apply(going)]);
+        let mut behind = store.unsynced();
+        behind.sort_by_key(|foo| foo.metadata.name.clone());
+        assert_eq!(behind, [edited, never]);
     }
 
     #[test]

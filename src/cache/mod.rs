@@ -1,8 +1,9 @@
 //! The controller's view of the cluster: the Foos and the Deployments it made,
-//! kept by watches, so a sync reads memory and never the API server. The
-//! Foos are kept in kube-runtime's reflector store ([`Reflected`]), which the
-//! `Controller` reads them from; the Deployments in a store of our own
-//! ([`DeploymentStore`]) that keeps a Deployment in a few fixed fields.
+//! kept by watches, so a sync reads memory and never the API server, in
+//! stores of our own that keep each object in a few fixed fields
+//! ([`FooStore`], [`DeploymentStore`]); the `Controller` reads the Foo of
+//! each sync from a working set of the Foos it has work for (in
+//! [`FooStore`]).
 //!
 //! Three things are added to a plain reflector:
 //! - objects are **trimmed** before they are stored ([`trim_deployment`],
@@ -53,7 +54,7 @@ use tokio::sync::watch;
 
 use crate::api::deployment::controller_of;
 use crate::api::deployment_view::DeploymentView;
-use crate::api::foo::Foo;
+use crate::api::foo::{Foo, status_caught_up};
 use crate::api::shard::Shard;
 pub use deployments::DeploymentStore;
 pub use foos::FooStore;
@@ -154,16 +155,6 @@ where
         self.written().resolve(&key, Some(cached)).unwrap_or(obj)
     }
 
-    /// Cached objects matching `predicate`, as [`Cache::get`] sees them.
-    pub(crate) fn filter(&self, predicate: impl Fn(&K) -> bool) -> Vec<Arc<K>> {
-        let kept = self.kept.filter_map(|obj| predicate(&obj).then(|| Arc::new(obj)));
-        let written = self.written();
-        kept.into_iter()
-            .filter_map(|obj| written.resolve(&ObjectRef::from_obj(&obj), Some(obj)))
-            .filter(|obj| predicate(obj))
-            .collect()
-    }
-
     /// What `f` makes of each object as the watch delivered it (our own
     /// writes it has not delivered yet are not looked at): for a pass over
     /// every object that keeps little of each.
@@ -222,6 +213,25 @@ impl FooCache {
     /// nothing left to do.
     pub(crate) fn done(&self, foo: &Arc<Foo>) {
         self.kept.done(foo);
+    }
+
+    /// Whether the Foo `key` names is cached, read without rebuilding it.
+    pub(crate) fn contains(&self, key: &ObjectRef<Foo>) -> bool {
+        self.kept.contains(key)
+    }
+
+    /// The Foos whose newest generation has no status written for it yet
+    /// ([`status_caught_up`]), as [`Cache::get`] sees them; only those are
+    /// rebuilt.
+    pub(crate) fn unsynced(&self) -> Vec<Arc<Foo>> {
+        let behind = |foo: &Foo| {
+            let observed = foo.status.as_ref().and_then(|s| s.observed_generation);
+            !status_caught_up(foo.metadata.generation, observed, foo.metadata.deletion_timestamp.is_some())
+        };
+        let kept = self.kept.unsynced();
+        let written = self.written();
+        let resolved = kept.into_iter().filter_map(|foo| written.resolve(&ObjectRef::from_obj(&foo), Some(Arc::new(foo))));
+        resolved.filter(|foo| behind(foo)).collect()
     }
 
     /// The Foos in `namespace` that name the Deployment `name`, read without

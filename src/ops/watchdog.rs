@@ -18,7 +18,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::task::JoinHandle;
 use tracing::error;
 
-use crate::api::foo::Foo;
+use crate::api::foo::{Foo, status_caught_up};
 use crate::cache::{Caches, by_name};
 use crate::observe::metrics::Metrics;
 use kube_lease_fence::WriteGate;
@@ -69,7 +69,7 @@ impl Unsynced {
 /// nothing left to sync).
 pub(crate) fn synced(foo: &Foo) -> bool {
     let observed = foo.status.as_ref().and_then(|s| s.observed_generation);
-    foo.metadata.deletion_timestamp.is_some() || observed >= foo.metadata.generation
+    status_caught_up(foo.metadata.generation, observed, foo.metadata.deletion_timestamp.is_some())
 }
 
 /// How long a Foo that no sync ever wrote status for has existed; zero for
@@ -92,7 +92,7 @@ pub(crate) fn spawn(caches: Caches, metrics: Arc<Metrics>, gate: Option<Arc<Writ
         let mut tick = tokio::time::interval(PERIOD);
         loop {
             tick.tick().await;
-            let foos = caches.foos.filter(|foo| !synced(foo));
+            let foos = caches.foos.unsynced();
             let (count, oldest) = backlog.tally(foos.iter().map(|f| &**f), Instant::now(), Timestamp::now());
             metrics.set_unsynced(count, oldest);
             let Some(gate) = &gate else { continue };

@@ -87,7 +87,7 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 /// a second when the API server failed it or its leader fence refused it.
 pub fn error_policy(foo: Arc<Foo>, err: &Error, ctx: Arc<Context>) -> Action {
     let obj = ObjectRef::from_obj(&*foo);
-    let backoff = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.get(f).is_some());
+    let backoff = ctx.failures.next_delay(obj.clone(), |f| ctx.caches.foos.contains(f));
     let delay = retry_delay(backoff, err.retries_slowly());
     ctx.metrics.queue.retried(queue_key(&obj), delay);
     match err {
