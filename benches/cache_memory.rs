@@ -2,9 +2,9 @@
 //! Deployments, as the API server sends them (with their managedFields and
 //! timestamps), decoded as the watches decode them and kept as the caches
 //! keep them, every allocation counted. No control plane: what it measures
-//! is the caches alone (the Foos in kube-runtime's reflector store: a key
-//! per object, an `Arc` each, a hash map; the Deployments in our own store
-//! and its index by controller), beside the trimmed object alone.
+//! is the caches alone (the Foos and the Deployments in our own stores, the
+//! Deployments' index by controller included), beside the trimmed object
+//! alone (what kube-runtime's reflector store would keep, in an `Arc`).
 //!
 //!   cargo bench --bench cache_memory -- <N>
 //!
@@ -186,7 +186,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A page of a list, as the watch's events.
+/// A page of a list, as the watch's events (between its `Init` and
+/// `InitDone`).
 fn listed<K>(page: Vec<K>) -> impl futures::Stream<Item = kube::runtime::watcher::Result<Event<K>>> {
     futures::stream::iter(page.into_iter().map(|o| Ok(Event::InitApply(o))))
 }
@@ -209,6 +210,8 @@ async fn resident(n: usize, shard: &Shard) {
     let (before, asked) = (rss(), live().0);
     let foos = FooCache::new(trim_foo(shard));
     let deployments = DeploymentCache::new(trim_deployment(shard));
+    foos.reflect(futures::stream::iter([Ok(Event::Init)])).for_each(|_| async {}).await;
+    deployments.reflect(futures::stream::iter([Ok(Event::Init)])).for_each(|_| async {}).await;
     for start in (0..n).step_by(PAGE) {
         let page: Vec<Foo> = (start..n.min(start + PAGE))
             .map(|i| Foo::from(serde_json::from_value::<FooWire>(foo_json(i)).expect("a Foo decodes")))
@@ -221,6 +224,8 @@ async fn resident(n: usize, shard: &Shard) {
         foos.reflect(listed(page)).for_each(|_| async {}).await;
         deployments.reflect(listed(views)).for_each(|_| async {}).await;
     }
+    foos.reflect(futures::stream::iter([Ok(Event::InitDone)])).for_each(|_| async {}).await;
+    deployments.reflect(futures::stream::iter([Ok(Event::InitDone)])).for_each(|_| async {}).await;
     let filled = live().0 - asked;
     tokio::time::sleep(settle).await;
     let grown = rss() - before;

@@ -5,7 +5,7 @@
 //! each sync from a working set of the Foos it has work for (in
 //! [`FooStore`]).
 //!
-//! Three things are added to a plain reflector:
+//! Three things are added to plain stores:
 //! - objects are **trimmed** before they are stored ([`trim_deployment`],
 //!   [`trim_foo`]) to what a sync reads, whatever else they carry: at ten
 //!   thousand Foos the rest (managedFields, annotations) is most of the
@@ -33,8 +33,8 @@
 //! Readiness is our own flag, set at the first full list, not kube-runtime's
 //! `Store::wait_until_ready`: that wakes only the last of several tasks
 //! waiting at once (its `DelayedInit` keeps one waker), and the `Controller`
-//! itself waits on the Foo store, so the adoption pass, waiting too, was
-//! never woken and every sync waited for it.
+//! itself waits on its store (now the working set), so the adoption pass,
+//! waiting too, was never woken and every sync waited for it.
 
 mod deployments;
 mod foos;
@@ -221,8 +221,10 @@ impl FooCache {
     }
 
     /// The Foos whose newest generation has no status written for it yet
-    /// ([`status_caught_up`]), as [`Cache::get`] sees them; only those are
-    /// rebuilt.
+    /// ([`status_caught_up`]): those behind in the store, as [`Cache::get`]
+    /// sees them (one behind only in our write the watch has not delivered
+    /// is not looked for: a status write only catches a Foo up); only those
+    /// are rebuilt.
     pub(crate) fn unsynced(&self) -> Vec<Arc<Foo>> {
         let behind = |foo: &Foo| {
             let observed = foo.status.as_ref().and_then(|s| s.observed_generation);

@@ -37,7 +37,8 @@ pub(crate) struct Unsynced {
 }
 
 impl Unsynced {
-    /// Bring the backlog up to `foos` (every cached Foo) at `now` (`wall`
+    /// Bring the backlog up to `foos` (every unsynced cached Foo, at least)
+    /// at `now` (`wall`
     /// on the wall clock): how many are unsynced, and the longest wait. A
     /// Foo never synced has waited since its creation, also across
     /// restarts of the operator; an edited one since this replica first saw
