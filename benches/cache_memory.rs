@@ -15,11 +15,11 @@
 use std::alloc::{GlobalAlloc, Layout};
 use std::sync::atomic::{AtomicIsize, Ordering};
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::watcher::Event;
 use sample_controller::Foo;
 use sample_controller::testing::api::{DeploymentView, FooWire, Shard, desired_deployment};
-use kube::runtime::watcher::Event;
-use futures::StreamExt;
 use sample_controller::testing::cache::{
     DeploymentCache, DeploymentStore, FooCache, FooStore, Keep, filled, trim_deployment, trim_foo,
 };

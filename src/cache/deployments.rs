@@ -21,8 +21,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use parking_lot::{Mutex, RwLock};
 
-use super::{Keep, key_from_ref, key_of, object_ref, split_key};
 use super::token::Token;
+use super::{Keep, key_from_ref, key_of, object_ref, split_key};
 use crate::api::deployment::controller_of;
 use crate::api::deployment_view::{DeploymentView, ViewSpec, ViewStatus};
 use crate::api::shard::FollowedLabels;

@@ -21,8 +21,8 @@ use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
 use parking_lot::{Mutex, RwLock};
 
-use super::{Keep, key_from_ref, key_of, object_ref, split_key};
 use super::token::Token;
+use super::{Keep, key_from_ref, key_of, object_ref, split_key};
 use crate::api::foo::{Foo, FooSpec, FooStatus, status_caught_up};
 
 /// The Foos the watch delivered, kept small, and the Foos with work to do.
@@ -156,9 +156,10 @@ impl FooStore {
     /// The Foos in `namespace` whose spec names the Deployment `name`.
     pub(super) fn naming(&self, namespace: &str, name: &str) -> Vec<ObjectRef<Foo>> {
         let state = self.state.read();
-        let naming = state.by_name.iter().filter(|(key, kept)| {
-            &*kept.deployment_name == name && split_key(key).0 == Some(namespace)
-        });
+        let naming = state
+            .by_name
+            .iter()
+            .filter(|(key, kept)| &*kept.deployment_name == name && split_key(key).0 == Some(namespace));
         naming.map(|(key, _)| object_ref(key)).collect()
     }
 }

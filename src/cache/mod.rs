@@ -232,7 +232,8 @@ impl FooCache {
         };
         let kept = self.kept.unsynced();
         let written = self.written();
-        let resolved = kept.into_iter().filter_map(|foo| written.resolve(&ObjectRef::from_obj(&foo), Some(Arc::new(foo))));
+        let resolved =
+            kept.into_iter().filter_map(|foo| written.resolve(&ObjectRef::from_obj(&foo), Some(Arc::new(foo))));
         resolved.filter(|foo| behind(foo)).collect()
     }
 

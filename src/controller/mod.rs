@@ -132,12 +132,11 @@ pub fn build(
         })
     });
     // Deletions too: a Deployment deleted by hand is put back.
-    let owned_triggers =
-        changed_deployments(deployments.reflect(deployment_events), b2).inspect(move |d| {
-            if let Ok(foo) = d.as_ref().map(controlling_foo) {
-                foo.iter().for_each(&wake2);
-            }
-        });
+    let owned_triggers = changed_deployments(deployments.reflect(deployment_events), b2).inspect(move |d| {
+        if let Ok(foo) = d.as_ref().map(controlling_foo) {
+            foo.iter().for_each(&wake2);
+        }
+    });
     let freed_triggers = waiting_for(foos.clone(), freed_names).inspect(wake3);
     // The backlog counts its own adds.
     let let_in = backlog.clone().stream().inspect(move |foo| f4.schedule(foo));
