@@ -204,8 +204,8 @@ fn exposition(metrics: &Arc<Metrics>) -> endpoints::Exposition {
 /// A hot standby: the watches and caches run on every replica, and only the
 /// syncs wait for the Lease (they do nothing while the fence does not hold).
 /// Taking the Lease adopts, then syncs every cached Foo, with no list
-/// first: those a change left unobserved at once, the others through the
-/// backlog, so that edits made meanwhile overtake them. (controller-runtime's
+/// first, through the backlog (those a change left unobserved first), so
+/// that edits made meanwhile overtake them. (controller-runtime's
 /// manager, by default, starts its watches only once it leads: its standby
 /// lists everything after taking the Lease.)
 async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Paced>) -> Result<(), Error> {

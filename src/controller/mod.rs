@@ -120,13 +120,13 @@ pub fn build(
     let (b1, b2, f4) = (backlog.clone(), backlog.clone(), foos.clone());
     let foo_triggers = changed_foos(foos.reflect(foo_events)).filter_map(move |change| {
         std::future::ready(match change {
-            Ok((foo, Lane::Later)) => {
-                b1.push(by_name(&foo), Lane::Later);
-                None
-            }
             Ok((foo, Lane::Now)) => {
                 wake1(&ObjectRef::from_obj(&foo));
                 Some(Ok(foo))
+            }
+            Ok((foo, lane)) => {
+                b1.push(by_name(&foo), lane);
+                None
             }
             Err(e) => Some(Err(e)),
         })

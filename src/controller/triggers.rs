@@ -1,7 +1,7 @@
 //! What wakes a sync: the Foo watch's events (a Foo first seen, or changed
 //! where a sync reads it), the Deployment watch's (a change or deletion of
 //! one a Foo owns), and a Deployment name freed for the Foo that waited for
-//! it. The first sight of an object from a list waits in the backlog
+//! it. What a list finds waits in the backlog
 //! ([`crate::controller::backlog`]), so that changes overtake it.
 
 use std::collections::HashMap;
@@ -32,8 +32,8 @@ fn sync_worthy(foo: &Foo) -> u64 {
 /// predicate, but one that forgets a Foo the watch deletes (or a relist no
 /// longer holds): a Foo that leaves this shard and comes back is synced
 /// again, where the predicate would remember it for an hour. Each with its
-/// lane: a change goes now (one a relist finds too); a Foo listed for the
-/// first time by its [`first_sync_lane`].
+/// lane: a change a watch reports goes now; one a relist finds, soon; a
+/// Foo listed for the first time by its [`first_sync_lane`].
 pub(crate) fn changed_foos(
     events: impl Stream<Item = watcher::Result<watcher::Event<Foo>>> + Send + 'static,
 ) -> impl Stream<Item = watcher::Result<(Foo, Lane)>> + Send + 'static {
@@ -58,7 +58,7 @@ pub(crate) fn changed_foos(
             }
             Ok(Event::Apply(foo)) => remember(&mut seen, relist.as_mut(), foo, Lane::Now).map(Ok),
             Ok(Event::InitApply(foo)) => {
-                let lane = if seen.contains_key(&named(&foo)) { Lane::Now } else { first_sync_lane(&foo) };
+                let lane = if seen.contains_key(&named(&foo)) { Lane::Soon } else { first_sync_lane(&foo) };
                 remember(&mut seen, relist.as_mut(), foo, lane).map(Ok)
             }
         };
@@ -205,7 +205,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_listed_foo_in_sync_waits_for_the_backlog_and_a_change_an_unsynced_foo_or_one_a_relist_finds_changed_does_not()
+    async fn a_listed_foo_in_sync_waits_behind_an_unsynced_one_or_one_a_relist_finds_changed_and_a_watched_change_waits_for_none()
      {
         let mut synced = Foo::test("synced").generation(2);
         synced.status = Some(crate::api::foo::FooStatus { observed_generation: Some(2), ..Default::default() });
@@ -223,7 +223,7 @@ mod tests {
             Event::InitDone,
             Event::Apply(edited.clone()),
         ];
-        let expected = [(synced, Lane::Later), (new, Lane::Now), (relabelled, Lane::Now), (edited, Lane::Now)];
+        let expected = [(synced, Lane::Later), (new, Lane::Soon), (relabelled, Lane::Soon), (edited, Lane::Now)];
         assert_eq!(lanes(events).await, expected);
     }
 
