@@ -64,6 +64,12 @@ pub(crate) const REVIEWS_IN_FLIGHT: usize = 2;
 /// refused: a review takes milliseconds, and a request that cannot be
 /// reviewed soon is better refused than queued without bound.
 const PERMIT_WAIT: Duration = Duration::from_millis(250);
+/// The longest a token's two reviews may take: an API server that accepts
+/// them and stalls would otherwise hold both places in flight for good, and
+/// every new token, Prometheus's own once its answer expires, would get 429.
+/// A review past it is answered as one the API server failed (500), and
+/// not cached.
+pub(crate) const REVIEW_TIMEOUT: Duration = Duration::from_secs(10);
 /// Over-limit refusals are logged at most this often, with their count: a
 /// flood must not flood the log either.
 const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(60);
@@ -143,19 +149,19 @@ impl MetricsAuth {
             Ok(permit) => permit,
             Err(retry_after) => return Ok(Access::TooMany { retry_after }),
         };
-        let access = match self.authenticate(token).await? {
-            None => Access::Unauthenticated,
-            Some(user) => {
-                if self.authorize(user).await? {
-                    Access::Allowed
-                } else {
-                    Access::Forbidden
-                }
-            }
-        };
+        let reviewed = tokio::time::timeout(REVIEW_TIMEOUT, self.review(token)).await;
+        let access = reviewed.map_err(|_| {
+            kube::Error::Service(format!("the token's review took over {} s", REVIEW_TIMEOUT.as_secs()).into())
+        })??;
         debug!(?access, "metrics scraper reviewed");
         self.remember(key, access);
         Ok(access)
+    }
+
+    /// Who the token is, and whether they may read the metrics.
+    async fn review(&self, token: &str) -> kube::Result<Access> {
+        let Some(user) = self.authenticate(token).await? else { return Ok(Access::Unauthenticated) };
+        Ok(if self.authorize(user).await? { Access::Allowed } else { Access::Forbidden })
     }
 
     fn cached(&self, key: &[u8; 32]) -> Option<Access> {
@@ -527,6 +533,26 @@ pub(crate) mod tests {
         let too_many = answers.iter().filter(|a| matches!(a, Access::TooMany { .. })).count();
         let reviewed = answers.iter().filter(|a| **a == Access::Unauthenticated).count();
         assert_eq!((too_many, reviewed), (1, REVIEWS_IN_FLIGHT), "{answers:?}");
+    }
+
+    /// A review the API server never answers ends at REVIEW_TIMEOUT as an
+    /// error, not cached, and gives its place in flight back.
+    #[tokio::test(start_paused = true)]
+    async fn a_review_the_api_server_stalls_ends_at_its_deadline_and_frees_its_place() {
+        let (client, mut handle) = mocked();
+        let auth = Arc::new(MetricsAuth::new(client));
+        let stalled = tokio::spawn({
+            let auth = auth.clone();
+            async move { auth.check(Some("Bearer stalled")).await }
+        });
+        let (_, held) = handle.next_request().await.expect("a review");
+        tokio::time::sleep(REVIEW_TIMEOUT + Duration::from_millis(1)).await;
+        let ended = tokio::time::timeout(Duration::from_millis(1), stalled).await.expect("ended at its deadline");
+        let err = ended.unwrap().expect_err("a stalled review is an error");
+        assert!(err.to_string().contains("took over"), "{err}");
+        assert_eq!(auth.cached(&token_key("stalled")), None, "an error is not cached");
+        assert_eq!(auth.in_flight.available_permits(), REVIEWS_IN_FLIGHT, "its place is free again");
+        drop(held);
     }
 
     /// A flood is logged once a minute with its count, not once a request.

@@ -91,7 +91,10 @@ pub async fn serve_tls(
             let (tcp, _) = match listener.accept().await {
                 Ok(accepted) => accepted,
                 Err(e) => {
-                    tracing::warn!(addr = %bound, error = %e, "cannot accept a connection");
+                    // Out of file descriptors, say: accepting again at once
+                    // would spin (and log) until one is freed.
+                    tracing::warn!(addr = %bound, error = %e, "cannot accept a connection; trying again in 1 s");
+                    tokio::time::sleep(ACCEPT_RETRY).await;
                     continue;
                 }
             };
@@ -128,6 +131,9 @@ async fn bind(addr: SocketAddr) -> Result<(TcpListener, SocketAddr)> {
     let bound = listener.local_addr().map_err(|source| BindError { addr, source })?;
     Ok((listener, bound))
 }
+
+/// How long the listener waits after failing to accept a connection.
+const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// How long a client may take over its TLS handshake or request header.
 const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);

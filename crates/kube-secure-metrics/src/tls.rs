@@ -8,15 +8,15 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 use tokio_rustls::rustls::crypto::ring::{default_provider, sign::any_supported_type};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
-use tokio_rustls::rustls::{self, ServerConfig};
-use tracing::{info, warn};
+use tokio_rustls::rustls::{self, InconsistentKeys, ServerConfig};
+use tracing::{debug, info, warn};
 
 /// Why the metrics listener has no certificate; every cause kept.
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +46,9 @@ pub enum TlsError {
     /// Without a directory: its key could not be used.
     #[error("the self-signed key: {0}")]
     SelfSignedKey(&'static str),
+    /// The key is not the certificate's (one file renewed, not the other).
+    #[error("{KEY_FILE} in {} is not the key of {CERT_FILE}'s certificate", dir.display())]
+    KeyMismatch { dir: PathBuf },
     /// rustls refused the certificate or the key.
     #[error(transparent)]
     Rustls(#[from] rustls::Error),
@@ -84,9 +87,19 @@ struct Certificates {
 #[derive(Debug)]
 struct Loaded {
     key: Arc<CertifiedKey>,
-    /// When the certificate file was last changed, as of reading it.
-    modified: Option<SystemTime>,
+    /// When the two files were last changed, as of reading them.
+    modified: Modified,
+    /// The last failed read of files changed since: when, and of which
+    /// change (so that it is logged once, and retried at most every
+    /// [`RELOAD_RETRY`], not at every handshake).
+    failed: Option<(Instant, Modified)>,
 }
+
+/// The change times of the certificate's and the key's files.
+type Modified = [Option<SystemTime>; 2];
+
+/// How often files that changed but cannot be used are read again.
+const RELOAD_RETRY: Duration = Duration::from_secs(5);
 
 impl Certificates {
     fn from_dir(dir: &Path) -> Result<Self> {
@@ -102,22 +115,34 @@ impl Certificates {
         let key = PrivateKeyDer::try_from(made.signing_key.serialize_der()).map_err(TlsError::SelfSignedKey)?;
         let key = certified(vec![made.cert.der().clone()], &key)?;
         info!("serving metrics with a self-signed certificate made at start (--metrics-cert-dir gives one)");
-        Ok(Certificates { dir: None, current: Mutex::new(Loaded { key, modified: None }) })
+        Ok(Certificates { dir: None, current: Mutex::new(Loaded { key, modified: [None; 2], failed: None }) })
     }
 
-    /// The certificate to serve now: read again if its file changed. A
-    /// file that cannot be read (a Secret being rewritten) keeps the last one.
+    /// The certificate to serve now: read again if either file changed.
+    /// Files that cannot be used (a Secret being rewritten, a certificate
+    /// renewed without its key) keep the last pair.
     fn current(&self) -> Arc<CertifiedKey> {
         let mut current = self.current.lock();
-        if let Some(dir) = &self.dir
-            && modified(dir) != current.modified
-        {
+        let Some(dir) = &self.dir else { return current.key.clone() };
+        let now = modified(dir);
+        let retry = match current.failed {
+            Some((at, of)) => of != now || at.elapsed() >= RELOAD_RETRY,
+            None => true,
+        };
+        if now != current.modified && retry {
             match load(dir) {
                 Ok(loaded) => {
                     info!(dir = %dir.display(), "metrics certificate changed; serving the new one");
                     *current = loaded;
                 }
-                Err(e) => warn!(error = %e, "cannot read the changed metrics certificate; serving the last one"),
+                Err(e) => {
+                    if current.failed.is_none_or(|(_, of)| of != now) {
+                        warn!(error = %e, "cannot use the changed metrics certificate; serving the last one");
+                    } else {
+                        debug!(error = %e, "still cannot use the changed metrics certificate");
+                    }
+                    current.failed = Some((Instant::now(), now));
+                }
             }
         }
         current.key.clone()
@@ -130,8 +155,8 @@ impl ResolvesServerCert for Certificates {
     }
 }
 
-fn modified(dir: &Path) -> Option<SystemTime> {
-    std::fs::metadata(dir.join(CERT_FILE)).and_then(|m| m.modified()).ok()
+fn modified(dir: &Path) -> Modified {
+    [CERT_FILE, KEY_FILE].map(|file| std::fs::metadata(dir.join(file)).and_then(|m| m.modified()).ok())
 }
 
 fn load(dir: &Path) -> Result<Loaded> {
@@ -150,7 +175,13 @@ fn load(dir: &Path) -> Result<Loaded> {
     let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
         .map_err(|source| TlsError::Pem { file: KEY_FILE, dir: dir.to_owned(), source })?
         .ok_or_else(|| TlsError::Empty { file: KEY_FILE, dir: dir.to_owned(), what: "private key" })?;
-    Ok(Loaded { key: certified(certs, &key)?, modified })
+    let key = certified(certs, &key)?;
+    // rustls serves a mismatched pair, and every handshake then fails.
+    match key.keys_match() {
+        Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => {}
+        Err(_) => return Err(TlsError::KeyMismatch { dir: dir.to_owned() }),
+    }
+    Ok(Loaded { key, modified, failed: None })
 }
 
 fn certified(certs: Vec<CertificateDer<'static>>, key: &PrivateKeyDer<'_>) -> Result<Arc<CertifiedKey>> {
@@ -162,13 +193,24 @@ fn certified(certs: Vec<CertificateDer<'static>>, key: &PrivateKeyDer<'_>) -> Re
 mod tests {
     use super::*;
 
-    /// Write a certificate for `name` into `dir`, its file stamped `modified`
-    /// (set, not waited for: file systems keep mtimes at coarse grains).
-    fn write_pair(dir: &Path, name: &str, modified: SystemTime) {
+    /// A certificate for `name` and its key, as PEM.
+    fn pair(name: &str) -> (String, String) {
         let made = rcgen::generate_simple_self_signed(vec![name.to_owned()]).unwrap();
-        std::fs::write(dir.join(CERT_FILE), made.cert.pem()).unwrap();
-        std::fs::write(dir.join(KEY_FILE), made.signing_key.serialize_pem()).unwrap();
-        std::fs::File::options().write(true).open(dir.join(CERT_FILE)).unwrap().set_modified(modified).unwrap();
+        (made.cert.pem(), made.signing_key.serialize_pem())
+    }
+
+    /// Write `pem` into `dir`'s `file`, stamped `modified` (set, not waited
+    /// for: file systems keep mtimes at coarse grains).
+    fn write(dir: &Path, file: &str, pem: &str, modified: SystemTime) {
+        std::fs::write(dir.join(file), pem).unwrap();
+        std::fs::File::options().write(true).open(dir.join(file)).unwrap().set_modified(modified).unwrap();
+    }
+
+    /// Write a certificate for `name` and its key into `dir`, stamped `modified`.
+    fn write_pair(dir: &Path, name: &str, modified: SystemTime) {
+        let (cert, key) = pair(name);
+        write(dir, CERT_FILE, &cert, modified);
+        write(dir, KEY_FILE, &key, modified);
     }
 
     #[test]
@@ -181,6 +223,35 @@ mod tests {
         assert_eq!(certs.current().cert[0], first, "unchanged file, same certificate");
         write_pair(dir.path(), "second.example", start + std::time::Duration::from_secs(60));
         assert_ne!(certs.current().cert[0], first, "the renewed one");
+    }
+
+    #[test]
+    fn a_certificate_renewed_before_its_key_is_served_only_once_the_key_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        let start = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        write_pair(dir.path(), "first.example", start);
+        let certs = Certificates::from_dir(dir.path()).unwrap();
+        let first = certs.current().cert[0].clone();
+        let (cert, key) = pair("second.example");
+        write(dir.path(), CERT_FILE, &cert, start + std::time::Duration::from_secs(60));
+        assert_eq!(certs.current().cert[0], first, "the new certificate with the old key is not served");
+        assert!(certs.current.lock().failed.is_some(), "the failure is remembered, not retried at each handshake");
+        // Only the key's file changes now: its change time is watched too.
+        write(dir.path(), KEY_FILE, &key, start + std::time::Duration::from_secs(61));
+        assert_ne!(certs.current().cert[0], first, "the renewed pair");
+        assert!(certs.current.lock().failed.is_none());
+    }
+
+    #[test]
+    fn a_mismatched_pair_is_refused_at_start() {
+        let dir = tempfile::tempdir().unwrap();
+        let (cert, _) = pair("a.example");
+        let (_, key) = pair("b.example");
+        let start = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000);
+        write(dir.path(), CERT_FILE, &cert, start);
+        write(dir.path(), KEY_FILE, &key, start);
+        let err = server_config(Some(dir.path()), false).unwrap_err();
+        assert!(matches!(err, TlsError::KeyMismatch { .. }), "{err}");
     }
 
     #[test]
