@@ -183,7 +183,7 @@ async fn serve_endpoints(
             let tls = endpoints::server_config(cli.metrics_cert_dir.as_deref(), cli.enable_http2)?;
             let auth = Arc::new(MetricsAuth::new(client.clone()));
             let router = endpoints::secure_metrics_router(exposition(metrics), auth, metrics.auth_throttled());
-            endpoints::serve_tls(addr, endpoints::METRICS_ENDPOINTS, router, tls, cli.enable_http2).await?;
+            endpoints::serve_tls(addr, endpoints::METRICS_ENDPOINTS, router, tls).await?;
         } else {
             endpoints::serve(addr, endpoints::METRICS_ENDPOINTS, endpoints::metrics_router(exposition(metrics)))
                 .await?;

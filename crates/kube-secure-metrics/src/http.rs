@@ -58,59 +58,75 @@ impl Readiness {
 }
 
 /// Bind `addr` now (so a bad address fails start-up) and serve `router`
-/// (`what` it serves, for the log) in the background.
+/// (`what` it serves, for the log) in the background, over HTTP/1.1; a
+/// request header slower than 10 s is dropped, and at most 64 connections
+/// are served at once.
 pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
-    Ok(tokio::spawn(async move {
-        if let Err(e) = axum::serve(listener, router).await {
-            tracing::error!(addr = %bound, error = %e, "HTTP server stopped");
-        }
-    }))
+    Ok(tokio::spawn(accept(listener, bound, move |tcp| serve_connection(tcp, router.clone(), false))))
 }
 
 /// Like [`serve`], over TLS with `tls`, each connection HTTP/1.1 only
-/// unless `http2`; a handshake or a request header slower than 10 s is
-/// dropped, and at most 64 connections are served at once.
+/// unless `tls` offers `h2` (as [`crate::server_config`] does when asked
+/// for HTTP/2); a handshake slower than 10 s is dropped too.
 pub async fn serve_tls(
     addr: SocketAddr,
     what: &'static str,
     router: Router,
     tls: Arc<tokio_rustls::rustls::ServerConfig>,
-    http2: bool,
 ) -> Result<tokio::task::JoinHandle<()>> {
+    // One answer to "HTTP/2?": what the handshake offers.
+    let http2 = tls.alpn_protocols.iter().any(|protocol| protocol == b"h2");
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, tls = true, http2, endpoints = %what, "serving HTTP");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let connections = Arc::new(Semaphore::new(MAX_TLS_CONNECTIONS));
-    Ok(tokio::spawn(async move {
-        loop {
-            // Wait for a free place before accepting: the connections past
-            // the cap wait in the kernel's backlog, costing nothing here.
-            let Ok(place) = connections.clone().acquire_owned().await else { return };
-            let (tcp, _) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(e) => {
-                    // Out of file descriptors, say: accepting again at once
-                    // would spin (and log) until one is freed.
-                    tracing::warn!(addr = %bound, error = %e, "cannot accept a connection; trying again in 1 s");
-                    tokio::time::sleep(ACCEPT_RETRY).await;
-                    continue;
-                }
-            };
-            let (acceptor, router) = (acceptor.clone(), router.clone());
-            tokio::spawn(async move {
-                serve_tls_connection(tcp, acceptor, router, http2).await;
-                drop(place);
-            });
+    Ok(tokio::spawn(accept(listener, bound, move |tcp| {
+        let (acceptor, router) = (acceptor.clone(), router.clone());
+        async move {
+            if let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await {
+                serve_connection(stream, router, http2).await;
+            }
         }
-    }))
+    })))
 }
 
-/// One connection of [`serve_tls`], until it closes.
-async fn serve_tls_connection(tcp: TcpStream, acceptor: tokio_rustls::TlsAcceptor, router: Router, http2: bool) {
-    let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await else { return };
-    let io = hyper_util::rt::TokioIo::new(stream);
+/// Accept connections on `listener` for ever, each served by `serve` in
+/// a task of its own, at most [`MAX_CONNECTIONS`] at once.
+async fn accept<F, Fut>(listener: TcpListener, bound: SocketAddr, serve: F)
+where
+    F: Fn(TcpStream) -> Fut,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        // Wait for a free place before accepting: the connections past
+        // the cap wait in the kernel's backlog, costing nothing here.
+        let Ok(place) = connections.clone().acquire_owned().await else { return };
+        let tcp = match listener.accept().await {
+            Ok((tcp, _)) => tcp,
+            Err(e) => {
+                // Out of file descriptors, say: accepting again at once
+                // would spin (and log) until one is freed.
+                tracing::warn!(addr = %bound, error = %e, "cannot accept a connection; trying again in 1 s");
+                tokio::time::sleep(ACCEPT_RETRY).await;
+                continue;
+            }
+        };
+        let connection = serve(tcp);
+        tokio::spawn(async move {
+            connection.await;
+            drop(place);
+        });
+    }
+}
+
+/// One connection, until it closes.
+async fn serve_connection<Io>(io: Io, router: Router, http2: bool)
+where
+    Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let io = hyper_util::rt::TokioIo::new(io);
     let service = hyper_util::service::TowerToHyperService::new(router);
     let mut builder = hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
     if !http2 {
@@ -120,7 +136,7 @@ async fn serve_tls_connection(tcp: TcpStream, acceptor: tokio_rustls::TlsAccepto
     // an idle keep-alive connection too: an idle one gives its place up.
     builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
     if let Err(e) = builder.serve_connection(io, service).await {
-        tracing::debug!(error = %e, "metrics connection ended");
+        tracing::debug!(error = %e, "HTTP connection ended");
     }
 }
 
@@ -138,13 +154,13 @@ const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a client may take over its TLS handshake or request header.
 const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// TLS connections served at once. Each costs a task, a TLS session and
-/// buffers (tens of KiB), and a scraper needs one: 64 leave room for many
-/// Prometheus replicas while a client opening thousands cannot make the
-/// operator hold thousands. HTTP/1.1 connections idle past [`SLOW_CLIENT`]
-/// are closed, so the places free up; an HTTP/2 connection (only when
-/// [`serve_tls`] is asked for `http2`) has no such timeout.
-const MAX_TLS_CONNECTIONS: usize = 64;
+/// Connections served at once, per listener. Each costs a task and
+/// buffers (tens of KiB with TLS), and a scraper or a kubelet needs one: 64
+/// leave room for many Prometheus replicas while a client opening thousands
+/// cannot make the operator hold thousands. HTTP/1.1 connections idle past
+/// [`SLOW_CLIENT`] are closed, so the places free up; an HTTP/2 connection
+/// (only when the TLS configuration offers `h2`) has no such timeout.
+const MAX_CONNECTIONS: usize = 64;
 
 /// What the metrics listener serves, as its start-up log line says.
 pub const METRICS_ENDPOINTS: &str = "/metrics";
@@ -256,6 +272,54 @@ mod tests {
         assert_eq!(refused.headers().get(header::RETRY_AFTER).map(|v| v.to_str().unwrap()), Some("1"));
         assert_eq!(reviews.load(std::sync::atomic::Ordering::SeqCst), usize::try_from(REVIEW_BURST).unwrap());
         assert_eq!(throttled.get(), 1);
+    }
+
+    /// A plain listener on a free port serving the probes, as [`serve`]
+    /// does, and its address.
+    async fn probes_listening() -> SocketAddr {
+        let (listener, bound) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let router = probes_router(Arc::new(Readiness::default()));
+        tokio::spawn(accept(listener, bound, move |tcp| serve_connection(tcp, router.clone(), false)));
+        bound
+    }
+
+    /// `GET /healthz` on `tcp`, and the answer's status line.
+    async fn healthz(tcp: &mut TcpStream) -> String {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        tcp.write_all(b"GET /healthz HTTP/1.1\r\nhost: operator\r\n\r\n").await.unwrap();
+        let mut answer = vec![0; 512];
+        let read = tcp.read(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer[..read]).lines().next().unwrap_or_default().to_owned()
+    }
+
+    // Real time, not paused: a paused clock jumps ahead while the kernel
+    // still carries the connection, and would time out what never waited.
+    #[tokio::test]
+    async fn a_client_that_sends_no_request_header_for_10_s_is_dropped_from_the_probes_too() {
+        use tokio::io::AsyncReadExt;
+        let addr = probes_listening().await;
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        let started = std::time::Instant::now();
+        let read = tokio::time::timeout(SLOW_CLIENT * 2, idle.read(&mut [0; 16])).await;
+        assert!(matches!(read, Ok(Ok(0) | Err(_))), "still open after {:?}: {read:?}", SLOW_CLIENT * 2);
+        assert!(started.elapsed() >= SLOW_CLIENT - std::time::Duration::from_millis(100), "{:?}", started.elapsed());
+    }
+
+    #[tokio::test]
+    async fn connections_past_the_cap_wait_until_one_closes() {
+        let addr = probes_listening().await;
+        let mut held = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            let mut tcp = TcpStream::connect(addr).await.unwrap();
+            assert_eq!(healthz(&mut tcp).await, "HTTP/1.1 200 OK");
+            held.push(tcp);
+        }
+        let mut past_cap = TcpStream::connect(addr).await.unwrap();
+        let waiting = tokio::time::timeout(std::time::Duration::from_secs(1), healthz(&mut past_cap)).await;
+        assert!(waiting.is_err(), "answered past the cap: {waiting:?}");
+        drop(held.pop());
+        let answered = tokio::time::timeout(std::time::Duration::from_secs(5), healthz(&mut past_cap)).await;
+        assert_eq!(answered.expect("answered once a place freed"), "HTTP/1.1 200 OK");
     }
 
     #[test]
