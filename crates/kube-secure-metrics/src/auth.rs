@@ -76,6 +76,7 @@ const REFUSALS_LOGGED_EVERY: Duration = Duration::from_secs(60);
 
 /// What a request may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Access {
     /// A valid token whose user may `get` `/metrics`: 200.
     Allowed,
@@ -120,6 +121,16 @@ pub struct MetricsAuth {
     cache: Mutex<Cache>,
     limiter: Mutex<Limiter>,
     in_flight: Semaphore,
+}
+
+/// What it holds, never a token.
+impl std::fmt::Debug for MetricsAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MetricsAuth")
+            .field("answers_cached", &self.cache.lock().answers.len())
+            .field("reviews_in_flight", &(REVIEWS_IN_FLIGHT - self.in_flight.available_permits()))
+            .finish_non_exhaustive()
+    }
 }
 
 impl MetricsAuth {

@@ -187,8 +187,11 @@ async fn authorize(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     let header = request.headers().get(header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-    match auth.check(header).await {
-        Ok(Access::Allowed) => next.run(request).await,
+    // A refused client gives its connection's place up: one answered 401
+    // every few seconds on a kept-alive connection would hold it for good.
+    let close = request.version() < axum::http::Version::HTTP_2;
+    let mut refused = match auth.check(header).await {
+        Ok(Access::Allowed) => return next.run(request).await,
         Ok(Access::Unauthenticated) => {
             (StatusCode::UNAUTHORIZED, [(header::WWW_AUTHENTICATE, "Bearer")], "Unauthorized").into_response()
         }
@@ -202,7 +205,11 @@ async fn authorize(
             tracing::warn!(error = %e, "cannot review a metrics scraper's token");
             (StatusCode::INTERNAL_SERVER_ERROR, "cannot review the token").into_response()
         }
+    };
+    if close {
+        refused.headers_mut().insert(header::CONNECTION, axum::http::HeaderValue::from_static("close"));
     }
+    refused
 }
 
 /// `Retry-After` counts whole seconds: rounded up, so a client that obeys
@@ -269,6 +276,8 @@ mod tests {
         }
         let refused = scrape("one-more".into()).await.unwrap();
         assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+        let close = refused.headers().get(header::CONNECTION);
+        assert_eq!(close.map(|v| v.to_str().unwrap()), Some("close"), "a refused client gives its place up");
         assert_eq!(refused.headers().get(header::RETRY_AFTER).map(|v| v.to_str().unwrap()), Some("1"));
         assert_eq!(reviews.load(std::sync::atomic::Ordering::SeqCst), usize::try_from(REVIEW_BURST).unwrap());
         assert_eq!(throttled.get(), 1);

@@ -16,4 +16,7 @@ pub use http::{
     secure_metrics_router, serve, serve_tls,
 };
 pub use process::ProcessMetrics;
+/// The metrics library of [`Exposition`]'s text and [`ProcessMetrics`]'
+/// collector, at the version this crate builds with.
+pub use prometheus_client;
 pub use tls::{CERT_FILE, KEY_FILE, TlsError, server_config};

@@ -1,7 +1,7 @@
 //! client-go's (Prometheus') process metrics, read from /proc at scrape
 //! time: `process_cpu_seconds_total`, `process_resident_memory_bytes`,
-//! `process_virtual_memory_bytes`, `process_open_fds`,
-//! `process_start_time_seconds`.
+//! `process_virtual_memory_bytes`, `process_virtual_memory_max_bytes`,
+//! `process_open_fds`, `process_max_fds`, `process_start_time_seconds`.
 
 /// The collector, to register in a `prometheus_client` registry
 /// (`register_collector`). Nothing is reported where /proc is missing.
@@ -27,7 +27,13 @@ impl prometheus_client::collector::Collector for ProcessMetrics {
         let gauges = [
             ("process_resident_memory_bytes", "Resident memory size in bytes.", p.resident_bytes),
             ("process_virtual_memory_bytes", "Virtual memory size in bytes.", p.virtual_bytes),
+            (
+                "process_virtual_memory_max_bytes",
+                "Maximum amount of virtual memory available in bytes.",
+                p.max_virtual_bytes,
+            ),
             ("process_open_fds", "Number of open file descriptors.", p.open_fds),
+            ("process_max_fds", "Maximum number of open file descriptors.", p.max_fds),
             ("process_start_time_seconds", "Start time of the process since unix epoch in seconds.", p.start_time),
         ];
         for (name, help, value) in gauges {
@@ -42,7 +48,9 @@ struct ProcStat {
     cpu_seconds: f64,
     resident_bytes: f64,
     virtual_bytes: f64,
+    max_virtual_bytes: f64,
     open_fds: f64,
+    max_fds: f64,
     start_time: f64,
 }
 
@@ -52,6 +60,7 @@ impl ProcStat {
         // Fields after the command name, which may hold spaces: state is field 3.
         let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
         let field = |n: usize| fields.get(n - 3)?.parse::<f64>().ok();
+        let limits = std::fs::read_to_string("/proc/self/limits").ok()?;
         let boot_time = std::fs::read_to_string("/proc/stat")
             .ok()?
             .lines()
@@ -63,9 +72,18 @@ impl ProcStat {
             // 64 KiB on arm64), where stat's rss counts pages.
             resident_bytes: resident_kib()? * 1024.0,
             start_time: boot_time + field(22)? / TICKS_PER_SECOND,
+            max_virtual_bytes: soft_limit(&limits, "Max address space")?,
             open_fds: std::fs::read_dir("/proc/self/fd").map(|d| d.count() as f64).unwrap_or(0.0),
+            max_fds: soft_limit(&limits, "Max open files")?,
         })
     }
+}
+
+/// The soft limit named `name` in /proc/self/limits; "unlimited" as the
+/// largest u64, as client-go's collector (Prometheus' procfs) reports it.
+fn soft_limit(limits: &str, name: &str) -> Option<f64> {
+    let soft = limits.lines().find_map(|l| l.strip_prefix(name))?.split_whitespace().next()?;
+    if soft == "unlimited" { Some(u64::MAX as f64) } else { soft.parse().ok() }
 }
 
 fn resident_kib() -> Option<f64> {
@@ -96,6 +114,19 @@ mod tests {
         // Read a moment apart: equal within a MiB (a unit error is a factor
         // of 1024, or of the page size).
         assert!((ours - theirs).abs() < 1024.0 * 1024.0, "ours {ours} B, statm's {theirs} B");
+    }
+
+    #[test]
+    fn limits_are_the_soft_ones_and_unlimited_is_the_largest_u64() {
+        let limits = "Limit                     Soft Limit           Hard Limit           Units
+Max address space         unlimited            unlimited            bytes
+Max open files            1024                 1048576              files
+";
+        assert_eq!(soft_limit(limits, "Max open files"), Some(1024.0));
+        assert_eq!(soft_limit(limits, "Max address space"), Some(u64::MAX as f64));
+        assert_eq!(soft_limit(limits, "Max processes"), None);
+        let read = ProcStat::read().unwrap();
+        assert!(read.max_fds >= read.open_fds && read.max_fds > 0.0, "{} of {}", read.open_fds, read.max_fds);
     }
 
     #[test]

@@ -21,6 +21,7 @@ use tracing::{debug, info, warn};
 /// Why the metrics listener has no certificate; every cause kept.
 #[derive(Debug, thiserror::Error)]
 #[allow(missing_docs)] // the fields: each variant's message names them
+#[non_exhaustive]
 pub enum TlsError {
     /// A file of the directory could not be read.
     #[error("cannot read {}: {source}", path.display())]
