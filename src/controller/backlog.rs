@@ -1,12 +1,13 @@
-//! The first syncs, paced. On a start, a relist or taking the Lease, every
-//! Foo is synced once, and nearly all those syncs find nothing to do. Queued
+//! The first syncs, paced. On a start or taking the Lease, every Foo is
+//! synced once (on a relist, those it finds changed and the owners of the
+//! Deployments it lists), and nearly all those syncs find nothing to do. Queued
 //! all at once (as kube-runtime's `reconcile_all_on` and a list's triggers
 //! do) they stand in front of whatever changes meanwhile: at 100 000 Foos an
 //! edit made during a start waited up to 1.8 s behind them. And each waits
 //! as a whole Foo in the store the syncs read ([`crate::cache::foos`]): at
 //! 100 000 never-synced Foos that was 170 MiB more at the peak of a start.
 //!
-//! So every Foo a list (or taking the Lease) finds waits here, and the
+//! So every sync a list (or taking the Lease) asks for waits here, and the
 //! backlog lets into the controller's queue only as many as its room at a
 //! time: first those that need a sync ([`Lane::Soon`]: never synced, edited
 //! since, or found changed by a relist), then those whose status shows
@@ -17,9 +18,11 @@
 //! due in a hash set and takes from it in hash order, so a change waits
 //! behind a share of what the backlog let in, and of what it lets in while
 //! the change waits. The backlog lets Foos in first in first out per lane,
-//! as fast as the workers take them, and what it let in queues as an equal
-//! of every other trigger: none waits for ever (the aging that
-//! controller-runtime's priority queue gives its low-priority items).
+//! soon before later, as fast as the workers take them, and what it let in
+//! queues as an equal of every other trigger. Only a list or taking the
+//! Lease fills the soon lane, so a Foo in sync waits at most for what they
+//! found, never for ever (the aging that controller-runtime's priority
+//! queue gives its low-priority items).
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -79,7 +82,7 @@ pub(crate) fn first_sync_lane(foo: &Foo) -> Lane {
     }
 }
 
-/// The Foos whose syncs wait for room, and those that do not.
+/// The Foos whose syncs wait for room.
 pub struct Backlog {
     state: Mutex<State>,
     /// Something was pushed, or a worker took a Foo the backlog let in.
@@ -162,7 +165,8 @@ impl Backlog {
 
 impl State {
     fn push(&mut self, foo: ObjectRef<Foo>, lane: Lane) {
-        // `Now` is not the backlog's to pace: as soon as it can.
+        // A change goes to the controller, not here; pushed here, it is
+        // paced as one that needs a sync.
         let lane = if lane == Lane::Later { Lane::Later } else { Lane::Soon };
         match self.waiting.get(&foo) {
             None => {}
@@ -180,34 +184,40 @@ impl State {
         if self.let_in.len() >= room {
             return None;
         }
-        let foo = loop {
+        let foo = self.pop();
+        self.let_go();
+        let foo = foo?;
+        self.let_in.insert(queue_key(&foo));
+        Some(foo)
+    }
+
+    /// The next Foo waiting, soon before later, passing over the entries
+    /// of those that moved up.
+    fn pop(&mut self) -> Option<ObjectRef<Foo>> {
+        loop {
             let (foo, lane) = match self.soon.pop_front() {
                 Some(foo) => (foo, Lane::Soon),
                 None => (self.later.pop_front()?, Lane::Later),
             };
-            // Passed over where it waits no more (moved up to `soon`).
             if self.waiting.get(&foo) == Some(&lane) {
-                break foo;
+                self.waiting.remove(&foo);
+                return Some(foo);
             }
-        };
-        self.waiting.remove(&foo);
-        self.let_in.insert(queue_key(&foo));
-        let drained = let_go(&mut self.soon) | let_go(&mut self.later);
-        if drained && self.waiting.is_empty() {
+        }
+    }
+
+    /// The tables a drained burst of 100 000 grew (a start's list), given
+    /// back: a queue once empty, the table of what waits once nothing does.
+    fn let_go(&mut self) {
+        for lane in [&mut self.soon, &mut self.later] {
+            if lane.is_empty() && lane.capacity() > ROOM_KEPT {
+                lane.shrink_to(ROOM_KEPT);
+            }
+        }
+        if self.waiting.is_empty() && self.waiting.capacity() > 2 * ROOM_KEPT {
             self.waiting.shrink_to(ROOM_KEPT);
         }
-        Some(foo)
     }
-}
-
-/// A drained lane gives back what a burst of 100 000 took (a takeover of
-/// Foos only upstream synced sends them all now): whether it did.
-fn let_go(lane: &mut VecDeque<ObjectRef<Foo>>) -> bool {
-    let drained = lane.is_empty() && lane.capacity() > ROOM_KEPT;
-    if drained {
-        lane.shrink_to(ROOM_KEPT);
-    }
-    drained
 }
 
 #[cfg(test)]
@@ -264,7 +274,6 @@ mod tests {
         assert_eq!(first[0].name, "edited");
         backlog.push(by_name(&Foo::test("edited-later")), Lane::Soon);
         assert_eq!(ready(&mut stream), [], "no room");
-        backlog.taken("default/foo-0");
         backlog.taken("default/foo-0");
         assert_eq!(names(&ready(&mut stream)), ["edited-later"], "one taken, the next needing a sync let in");
         backlog.taken("default/edited");
@@ -331,5 +340,35 @@ mod tests {
         let state = backlog.state.lock();
         assert!(state.soon.capacity() <= ROOM_KEPT, "{} slots kept", state.soon.capacity());
         assert!(state.waiting.capacity() <= 2 * ROOM_KEPT, "{} slots kept", state.waiting.capacity());
+    }
+
+    #[test]
+    fn a_drained_burst_lets_every_table_go_whatever_lanes_it_came_in() {
+        // Many that need a sync and one in sync: the first lane drains
+        // while something still waits in the other.
+        let mixed = backlog(1);
+        let mut foos: Vec<Foo> = (0..1000).map(|i| Foo::test(&format!("new-{i}"))).collect();
+        foos.push(in_sync("synced"));
+        mixed.push_lanes(lanes(&foos));
+        // In sync at first, then all found needing a sync: each later
+        // entry is passed over, the last ones too.
+        let moved = backlog(1);
+        let listed: Vec<Foo> = (0..1000).map(|i| in_sync(&format!("foo-{i}"))).collect();
+        moved.push_lanes(lanes(&listed));
+        listed.iter().for_each(|foo| moved.push(by_name(foo), Lane::Soon));
+        for backlog in [mixed, moved] {
+            let mut stream = Box::pin(backlog.clone().stream());
+            let mut let_in = 0;
+            while let Some(foo) = stream.next().now_or_never().flatten() {
+                backlog.taken(&queue_key(&foo));
+                let_in += 1;
+            }
+            assert!(let_in >= 1000, "{let_in} let in");
+            let state = backlog.state.lock();
+            assert!(state.waiting.is_empty(), "{} still wait", state.waiting.len());
+            assert!(state.waiting.capacity() <= 2 * ROOM_KEPT, "{} slots kept", state.waiting.capacity());
+            let kept = (state.soon.capacity(), state.later.capacity());
+            assert!(kept.0 <= ROOM_KEPT && kept.1 <= ROOM_KEPT, "{kept:?} slots kept");
+        }
     }
 }

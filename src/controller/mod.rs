@@ -75,6 +75,21 @@ fn waking(foos: &Arc<FooCache>, queue: &Arc<QueueMetrics>) -> impl Fn(&ObjectRef
     }
 }
 
+/// Where a Foo the watch found worth a sync goes: a change straight to
+/// the controller (woken first), a listed Foo to wait in `backlog`.
+fn route(change: (Foo, Lane), backlog: &Backlog, wake: &impl Fn(&ObjectRef<Foo>)) -> Option<Foo> {
+    match change {
+        (foo, Lane::Now) => {
+            wake(&ObjectRef::from_obj(&foo));
+            Some(foo)
+        }
+        (foo, lane) => {
+            backlog.push(by_name(&foo), lane);
+            None
+        }
+    }
+}
+
 /// Build the controller, the caches its syncs read, and the backlog its
 /// first syncs wait in (see [`crate::controller::backlog`]; taking the Lease fills it
 /// too). Only the Deployments labelled as made by this controller are
@@ -118,19 +133,8 @@ pub fn build(
     let backlog = Arc::new(Backlog::new(settings.workers, queue.clone()));
     let (wake1, wake2, wake3) = (waking(&foos, &queue), waking(&foos, &queue), waking(&foos, &queue));
     let (b1, b2, f4) = (backlog.clone(), backlog.clone(), foos.clone());
-    let foo_triggers = changed_foos(foos.reflect(foo_events)).filter_map(move |change| {
-        std::future::ready(match change {
-            Ok((foo, Lane::Now)) => {
-                wake1(&ObjectRef::from_obj(&foo));
-                Some(Ok(foo))
-            }
-            Ok((foo, lane)) => {
-                b1.push(by_name(&foo), lane);
-                None
-            }
-            Err(e) => Some(Err(e)),
-        })
-    });
+    let foo_triggers = changed_foos(foos.reflect(foo_events))
+        .filter_map(move |change| std::future::ready(change.map(|c| route(c, &b1, &wake1)).transpose()));
     // Deletions too: a Deployment deleted by hand is put back.
     let owned_triggers = changed_deployments(deployments.reflect(deployment_events), b2).inspect(move |d| {
         if let Ok(foo) = d.as_ref().map(controlling_foo) {
@@ -207,6 +211,20 @@ mod tests {
     fn let_in(backlog: &Arc<Backlog>) -> Vec<String> {
         let mut stream = Box::pin(backlog.clone().stream());
         std::iter::from_fn(|| stream.next().now_or_never().flatten()).map(|foo| foo.name).collect()
+    }
+
+    #[test]
+    fn a_change_goes_straight_to_the_controller_and_a_listed_foo_to_the_backlog() {
+        let backlog = Arc::new(Backlog::new(1, Arc::new(QueueMetrics::default())));
+        let woken = std::sync::Mutex::new(Vec::new());
+        let wake = |foo: &ObjectRef<Foo>| woken.lock().unwrap().push(foo.name.clone());
+        let edited = route((Foo::test("edited"), Lane::Now), &backlog, &wake);
+        assert_eq!(edited.and_then(|foo| foo.metadata.name).as_deref(), Some("edited"));
+        for (name, lane) in [("synced", Lane::Later), ("new", Lane::Soon)] {
+            assert!(route((Foo::test(name), lane), &backlog, &wake).is_none(), "{name} went straight in");
+        }
+        assert_eq!(*woken.lock().unwrap(), ["edited"]);
+        assert_eq!(let_in(&backlog), ["new", "synced"], "the one that needs a sync first");
     }
 
     #[test]
