@@ -137,7 +137,7 @@ async fn report_as_leader(client: Client, namespace: &str, pods: Api<Pod>) -> Re
         retry_cap: Duration::from_secs(60),
     };
     let identity = cfg.identity.clone();
-    let mut elector = Elector::new(client, cfg);
+    let mut elector = Elector::new(client, cfg).map_err(|e| e.to_string())?;
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let stop = async move {
         tokio::select! {

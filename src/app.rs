@@ -83,7 +83,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     }
     if cli.leader_elect {
         check_timing(cli.leader_elect_lease_duration, cli.leader_elect_renew_deadline, cli.leader_elect_retry_period)
-            .map_err(Error::LeaderTiming)?;
+            .map_err(|e| Error::LeaderTiming(e.to_string()))?;
     }
     let metrics = Arc::new(Metrics::new());
     let config = client::config(cli.kubeconfig.as_deref(), cli.master.as_ref()).await?;
@@ -121,7 +121,9 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
     let namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned());
     let timing = (cli.leader_elect_lease_duration, cli.leader_elect_renew_deadline, cli.leader_elect_retry_period);
     let lease = leader_config(lease_name?, namespace, identity, timing);
-    lead(controller, parts, Elector::with_watches(client, lease, Paced)).await
+    // The timing was checked above, before connecting to anything.
+    let elector = Elector::with_watches(client, lease, Paced).map_err(|e| Error::LeaderTiming(e.to_string()))?;
+    lead(controller, parts, elector).await
 }
 
 /// The elector's configuration: the Lease `name` in `namespace`, contended

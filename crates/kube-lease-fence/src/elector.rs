@@ -15,7 +15,7 @@ use tracing::{debug, info, warn};
 
 use crate::fence::Claim;
 use crate::gate::WriteGate;
-use crate::timing::{LeaseVerdict, lease_verdict};
+use crate::timing::{LeaseVerdict, TimingError, check_timing, lease_verdict};
 use crate::watch::{DefaultBackoff, Watches, states};
 
 /// The Lease contended for, the candidate's identity and timing, and the
@@ -92,17 +92,20 @@ struct LeaseSeen {
 }
 
 impl Elector {
-    /// A candidate watching with kube-runtime's default backoff.
-    pub fn new(client: Client, cfg: LeaderConfig) -> Self {
+    /// A candidate watching with kube-runtime's default backoff; `Err` if
+    /// its timing is one [`check_timing`] refuses.
+    pub fn new(client: Client, cfg: LeaderConfig) -> Result<Self, TimingError> {
         Elector::with_watches(client, cfg, DefaultBackoff)
     }
 }
 
 impl<W: Watches> Elector<W> {
-    /// A candidate whose watches `watches` opens and paces.
-    pub fn with_watches(client: Client, cfg: LeaderConfig, watches: W) -> Self {
+    /// A candidate whose watches `watches` opens and paces; `Err` if its
+    /// timing is one [`check_timing`] refuses.
+    pub fn with_watches(client: Client, cfg: LeaderConfig, watches: W) -> Result<Self, TimingError> {
+        check_timing(cfg.lease_duration, cfg.renew_deadline, cfg.retry_period)?;
         let fences = cfg.fence.as_ref().map(|r| Api::namespaced_with(client.clone(), &cfg.namespace, r));
-        Elector {
+        Ok(Elector {
             api: Api::namespaced(client, &cfg.namespace),
             fences,
             claim: Claim::Pending,
@@ -112,7 +115,7 @@ impl<W: Watches> Elector<W> {
             cfg,
             lease: None,
             observed: None,
-        }
+        })
     }
 
     pub(crate) fn post_params(&self) -> PostParams {
@@ -414,7 +417,7 @@ mod tests {
         // A holder whose clock is an hour behind (or ahead) writes a renewTime
         // far from ours: what counts is when we saw the record change.
         for skew in [-3600, 3600] {
-            let mut e = Elector::new(dummy_client(), config("me"));
+            let mut e = Elector::new(dummy_client(), config("me")).unwrap();
             let renew =
                 MicroTime(Timestamp::now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(skew)).unwrap());
             e.observe(&Some("other".into()), &Some(renew.clone()));
@@ -432,7 +435,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_lease_record_names_the_lease_and_counts_a_transition_on_each_change_of_holder() {
-        let e = Elector::new(dummy_client(), config("me"));
+        let e = Elector::new(dummy_client(), config("me")).unwrap();
         let new = e.record(None);
         assert_eq!((new.metadata.name.as_deref(), new.metadata.namespace.as_deref()), (Some("l"), Some("ns")));
         let first = spec(&new);
@@ -453,9 +456,17 @@ mod tests {
         assert_eq!(released.lease_transitions, Some(1), "a released Lease taken: a transition, as client-go counts");
     }
 
+    #[tokio::test]
+    async fn an_elector_whose_leader_could_outlive_its_lease_is_refused() {
+        let mut cfg = config("me");
+        cfg.renew_deadline = cfg.lease_duration;
+        let refused = Elector::new(dummy_client(), cfg).err().map(|e| e.to_string());
+        assert_eq!(refused.as_deref(), Some("leaseDuration must be greater than renewDeadline"));
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_refusal_wakes_the_elector_early_but_no_sooner_than_half_a_retry_period() {
-        let e = Elector::new(dummy_client(), config("me"));
+        let e = Elector::new(dummy_client(), config("me")).unwrap();
         let waited = |doubt: bool| {
             let (fence, e) = (e.gate(), &e);
             async move {

@@ -302,7 +302,7 @@ mod tests {
             }
             paths
         });
-        let mut e = Elector::new(Client::new(service, "default"), config("me"));
+        let mut e = Elector::new(Client::new(service, "default"), config("me")).unwrap();
         assert!(e.claim_fence(Instant::now()).await, "nothing to claim: the leader writes");
         assert!(matches!(e.claim, Claim::NoFence));
         assert!(e.claim_fence(Instant::now()).await, "and it asks no more");
@@ -314,7 +314,7 @@ mod tests {
 
     /// An elector whose claim on the LeaderFence was written.
     fn claimed(identity: &str) -> Elector {
-        let mut e = Elector::new(dummy_client(), config(identity));
+        let mut e = Elector::new(dummy_client(), config(identity)).unwrap();
         let written = e.naming(None, Some(identity));
         e.claim = Claim::Written(Box::new(written));
         e.claimed_once = true;
@@ -346,7 +346,7 @@ mod tests {
         deleted.saw_fence(FenceSeen::Names(None));
         assert!(matches!(deleted.claim, Claim::Pending), "served again: claimed at the next renewal");
 
-        let mut never = Elector::new(dummy_client(), config("me"));
+        let mut never = Elector::new(dummy_client(), config("me")).unwrap();
         never.no_fence();
         assert_eq!(never.gate.state(), FenceState::NotInstalled);
         never.saw_fence(FenceSeen::Names(None));
@@ -376,7 +376,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_claim_keeps_the_resource_version_it_read_so_the_write_is_conditional() {
-        let e = Elector::new(dummy_client(), config("me"));
+        let e = Elector::new(dummy_client(), config("me")).unwrap();
         let mut read = e.naming(None, Some("old_1"));
         read.metadata.resource_version = Some("42".into());
         let claimed = e.naming(Some(read), Some("new_2"));
@@ -386,7 +386,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_first_claim_creates_the_fence_of_the_lease_name() {
-        let created = Elector::new(dummy_client(), config("me")).naming(None, Some("me_1"));
+        let created = Elector::new(dummy_client(), config("me")).unwrap().naming(None, Some("me_1"));
         assert_eq!(created.metadata.name.as_deref(), Some("l"));
         assert_eq!(created.metadata.resource_version, None);
         assert_eq!((created.types.as_ref().map(|t| t.kind.as_str())), Some("LeaderFence"));
@@ -395,7 +395,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_fence_names_nobody() {
-        let e = Elector::new(dummy_client(), config("me"));
+        let e = Elector::new(dummy_client(), config("me")).unwrap();
         assert_eq!(fence_holder(&e.naming(None, None)), None);
         let emptied = e.naming(None, Some(""));
         assert_eq!(fence_holder(&emptied), None, "an empty holder is none, as a released Lease's");

@@ -16,7 +16,7 @@ pub use elector::{Elector, LeaderConfig, Lost};
 pub use fence::{FenceState, fence_holder, no_such_kind};
 pub use gate::{WriteGate, may_write};
 pub use identity::default_identity;
-pub use timing::{LeaseVerdict, check_timing, lease_verdict};
+pub use timing::{LeaseVerdict, TimingError, check_timing, lease_verdict};
 pub use watch::{DefaultBackoff, Watches};
 
 #[cfg(test)]

@@ -29,26 +29,36 @@ pub fn lease_verdict(
     }
 }
 
+/// An election timing refused by [`check_timing`], with client-go's message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct TimingError(&'static str);
+
 /// client-go's checks of the election timing (`NewLeaderElector`): the
 /// leader must give up before a standby may take over, and retry more than
 /// once before giving up; zero would be a tight loop.
-pub fn check_timing(lease_duration: Duration, renew_deadline: Duration, retry_period: Duration) -> Result<(), String> {
+/// [`Elector::new`](crate::Elector::new) checks it too.
+pub fn check_timing(
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+) -> Result<(), TimingError> {
     // client-go's JitterFactor: a retry waits up to 1.2 retry periods.
     const JITTER_FACTOR: f64 = 1.2;
     if lease_duration.is_zero() {
-        return Err("leaseDuration must be greater than zero".into());
+        return Err(TimingError("leaseDuration must be greater than zero"));
     }
     if renew_deadline.is_zero() {
-        return Err("renewDeadline must be greater than zero".into());
+        return Err(TimingError("renewDeadline must be greater than zero"));
     }
     if retry_period.is_zero() {
-        return Err("retryPeriod must be greater than zero".into());
+        return Err(TimingError("retryPeriod must be greater than zero"));
     }
     if lease_duration <= renew_deadline {
-        return Err("leaseDuration must be greater than renewDeadline".into());
+        return Err(TimingError("leaseDuration must be greater than renewDeadline"));
     }
     if renew_deadline.as_secs_f64() <= JITTER_FACTOR * retry_period.as_secs_f64() {
-        return Err("renewDeadline must be greater than retryPeriod*JitterFactor".into());
+        return Err(TimingError("renewDeadline must be greater than retryPeriod*JitterFactor"));
     }
     Ok(())
 }
@@ -91,7 +101,8 @@ mod tests {
             (s(15), s(2), s(2), "renewDeadline must be greater than retryPeriod*JitterFactor"),
         ];
         for (lease, renew, retry, message) in refused {
-            assert_eq!(check_timing(lease, renew, retry), Err(message.to_owned()), "{lease:?} {renew:?} {retry:?}");
+            let refusal = check_timing(lease, renew, retry).map_err(|e| e.to_string());
+            assert_eq!(refusal, Err(message.to_owned()), "{lease:?} {renew:?} {retry:?}");
         }
     }
 }
