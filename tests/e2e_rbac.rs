@@ -501,7 +501,8 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     let lease_name = account.name.clone();
     let candidate = |client: kube::Client, identity: &str| {
         let timing = (CANDIDATE_LEASE, Duration::from_secs(10), Duration::from_secs(2));
-        Elector::with_watches(client, leader_config(lease_name.clone(), NS.into(), identity.into(), timing), Paced)
+        let lease = leader_config(lease_name.clone(), NS.into(), identity.into(), timing);
+        Elector::with_watches(client, lease, Paced).expect("client-go's timing")
     };
     let mut leader = candidate(service_account_client(NS, &account.name).await, "rbac-test-leader");
     // A Lease of its own, new: taken at once.
