@@ -5,7 +5,8 @@
 //! do) they stand in front of whatever changes meanwhile: at 100 000 Foos an
 //! edit made during a start waited up to 1.8 s behind them. And each waits
 //! as a whole Foo in the store the syncs read ([`crate::cache::foos`]): at
-//! 100 000 never-synced Foos that was 170 MiB more at the peak of a start.
+//! 100 000 never-synced Foos the peak of a start was 343.5 MiB, 267.2 once
+//! they were paced (docs/api-cost.md).
 //!
 //! So every sync a list (or taking the Lease) asks for waits here, and the
 //! backlog lets into the controller's queue only as many as its room at a
