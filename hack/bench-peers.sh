@@ -200,6 +200,8 @@ converge() { # who run
   request_lines[$who]=$(printf '    %s\n' "${counted[@]:1}")
   rss_quiet[$who]=$(rss "$cpid")
   rss_peak[$who]=$(hwm "$cpid")
+  # As it comes, so that a run cut short still says what it measured.
+  log "$who: converged in ${last[$who]}s; ${requests[$who]} requests until quiet; RSS quiet / peak ${rss_quiet[$who]} / ${rss_peak[$who]} MiB"
   if (( run == RUNS )); then
     local from
     from=$(date +%s.%N)
@@ -210,6 +212,7 @@ converge() { # who run
     idle_lines[$who]=$(printf '    %s\n' "${counted[@]:1}")
     log "$who: $EDITS edits"
     edit_latency[$who]=$(cargo bench --locked --quiet --bench edit_latency -- "$ns" "$EDITS")
+    log "$who: ${idle[$who]} requests idle; edits: ${edit_latency[$who]}"
   fi
   stop_operator "$cpid"
   (( run == RUNS )) || clear_run "$ns"
@@ -240,6 +243,7 @@ for who in "${OPERATORS[@]}"; do
   timed=$(storm_timed "$who" "$ns" 7 "$from" ".local/peers-$who-restart.log" "${READY_LINE[$who]}")
   restart_ready[$who]=${timed%%$'\n'*}
   restart_edits[$who]=${timed#*$'\n'}
+  log "$who: cold start: caches ready after ${restart_ready[$who]}s; edits (p50 p99 max from ready, then from the edit): ${restart_edits[$who]}"
   stop_operator "$cpid"
 
   log "$who: a failover with $STORM_EDITS edits"
@@ -261,6 +265,7 @@ for who in "${OPERATORS[@]}"; do
   timed=$(storm_timed "$who" "$ns" 8 "$from" ".local/peers-$who-standby.log" "${LEADING_LINE[$who]}")
   failover_taken[$who]=${timed%%$'\n'*}
   failover_edits[$who]=${timed#*$'\n'}
+  log "$who: failover: Lease taken after ${failover_taken[$who]}s; edits (p50 p99 max from taken, then from the edit): ${failover_edits[$who]}"
   stop_operator "$cpid"
 done
 
