@@ -193,6 +193,115 @@ fn assert_renewals_kept_their_period(made: &[Audited], from: Timestamp, until: T
     assert!(longest <= 2_000, "{longest} ms without a Lease renewal during the flood: {renewals:?}");
 }
 
+/// Prometheus scrapes every 5 s, its answer cached for a minute, while
+/// someone who can reach the port sends 2 000 fresh junk tokens over 90 s
+/// (23 a second, past the 5 a second the reviews of new tokens are limited
+/// to): every scrape is answered 200 — its review again, once its answer
+/// expires, has a limit of its own — and the flood's TokenReviews stay
+/// within the limit.
+#[tokio::test]
+async fn the_reader_is_answered_at_every_scrape_through_a_flood_of_fresh_tokens_that_outlasts_its_cached_answer() {
+    let ns = TestNamespace::new("metrics-long-flood").await;
+    let user = format!("{}-operator", ns.name);
+    let op = secure_operator(&ns, &user, &[]).await;
+    let reader = service_account_token(&ns, "reader", true);
+    wait_until("the reader's scrape to be allowed", TIMEOUT, || async {
+        (scrape(&op, Some(&reader), false).0 == 200).then_some(())
+    })
+    .await;
+    let from = Timestamp::now();
+    let started = std::time::Instant::now();
+    let mut flood = slow_flood(&ns.name, op.metrics, FLOOD_TOKENS, 23);
+    let mut scrapes = Vec::new();
+    for n in 1..=19 {
+        tokio::time::sleep_until((started + Duration::from_secs(5) * n).into()).await;
+        scrapes.push((started.elapsed().as_secs(), scrape(&op, Some(&reader), false).0));
+    }
+    let flooded = flood.wait().expect("curl's flood");
+    let took = started.elapsed();
+    println!("the reader's scrapes (second, code) through {FLOOD_TOKENS} junk tokens in {took:?}: {scrapes:?}");
+    assert!(flooded.success(), "curl's flood failed");
+    assert!(took >= Duration::from_secs(90), "the flood must outlast the reader's cached answer: {took:?}");
+    assert!(scrapes.iter().all(|(_, code)| *code == 200), "a scrape of the reader was refused: {scrapes:?}");
+    let made = audited_as(&user);
+    let token_reviews =
+        made.iter().filter(|r| r.resource == "tokenreviews" && r.verb == "create" && r.at >= from).count();
+    // The flood's reviews under the limit, and the reader's own, once a
+    // minute.
+    let limit = REVIEW_BURST as usize + REVIEWS_PER_SECOND as usize * (took.as_secs() as usize + 1) + 2;
+    println!("{token_reviews} TokenReviews (the limit allows {limit})");
+    assert!(token_reviews <= limit, "{token_reviews} TokenReviews during the flood");
+}
+
+/// `tokens` scrapes of `port`, each with a junk token of its own, one after
+/// the other at `per_second`, by a curl in the background.
+fn slow_flood(name: &str, port: u16, tokens: usize, per_second: u32) -> std::process::Child {
+    let transfer = |n: usize| {
+        format!(
+            "url = \"https://127.0.0.1:{port}/metrics\"\nheader = \"Authorization: Bearer slow-junk-{n}\"\n\
+             output = \"/dev/null\"\nsilent\ninsecure\nmax-time = 10\n"
+        )
+    };
+    let config = format!("{}/{name}-slow-flood.curlrc", env!("CARGO_TARGET_TMPDIR"));
+    std::fs::write(&config, (0..tokens).map(transfer).collect::<Vec<_>>().join("next\n")).unwrap();
+    Command::new("curl")
+        .args(["--rate", &format!("{per_second}/s"), "-K", &config])
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("run curl")
+}
+
+/// The kubelet's probes, from its own address, are answered within a
+/// second while another client (another address) holds 300 idle or slow
+/// connections to the probe port and 300 to the metrics port, opening a new
+/// one whenever the operator closes one.
+#[tokio::test]
+async fn the_probes_answer_within_a_second_while_another_client_holds_hundreds_of_connections_to_both_ports() {
+    let ns = TestNamespace::new("metrics-starve").await;
+    let op = secure_operator(&ns, &format!("{}-operator", ns.name), &[]).await;
+    let probes = || async {
+        let mut answered = 0;
+        for _ in 0..10 {
+            let probe = tokio::time::timeout(Duration::from_secs(1), http_get(op.probes, "/healthz"));
+            answered += usize::from(matches!(probe.await, Ok(Some((200, _)))));
+        }
+        answered
+    };
+    assert_eq!(probes().await, 10, "before");
+    let holding: Vec<_> = [op.probes, op.metrics]
+        .into_iter()
+        .flat_map(|port| (0..300).map(move |n| tokio::spawn(hold_connection(port, n % 2 == 1))))
+        .collect();
+    // Long enough for every connection to be open, or waiting for a place.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let answered = probes().await;
+    println!("{answered} of 10 probes answered within 1 s while another client holds 600 connections");
+    for task in holding {
+        task.abort();
+    }
+    assert_eq!(answered, 10);
+}
+
+/// One connection from 127.0.0.2 to `port`, idle or (`slow`) sending the
+/// start of a request and no more, opened again each time the operator
+/// closes it, until the task is aborted.
+async fn hold_connection(port: u16, slow: bool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    loop {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(([127, 0, 0, 2], 0).into()).unwrap();
+        let Ok(mut tcp) = socket.connect(([127, 0, 0, 1], port).into()).await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        if slow {
+            let _ = tcp.write_all(b"GET /hea").await;
+        }
+        // Until the operator closes it.
+        let _ = tcp.read(&mut [0; 64]).await;
+    }
+}
+
 #[tokio::test]
 async fn http2_is_served_when_enabled() {
     let ns = TestNamespace::new("metrics-h2").await;

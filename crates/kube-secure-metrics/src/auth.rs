@@ -11,12 +11,15 @@
 //!
 //! The reviews go out as the controller, through the client it is given
 //! (a controller's own, which its Lease renewals use), so anyone who can reach the port must not be able to make
-//! it flood the API server: tokens not cached are reviewed at most
+//! it flood the API server: tokens never allowed are reviewed at most
 //! [`REVIEWS_PER_SECOND`] a second (bursts of [`REVIEW_BURST`]),
 //! [`REVIEWS_IN_FLIGHT`] at a time; past that a new token gets
-//! [`Access::TooMany`] (429). A cached answer never waits on that limit, so
-//! a scraper already reviewed is answered through any flood, and the cache
-//! forgets the least recently used answers first.
+//! [`Access::TooMany`] (429). A scraper already allowed never waits on
+//! that: its cached answer is used for a minute, then it is reviewed again
+//! under a limit of its own (a flood of new tokens does not spend it), and
+//! while that limit or the API server refuses, its last answer stays good
+//! for up to [`STALE_FOR`] more. The cache forgets the least recently used
+//! answers first.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -37,6 +40,11 @@ const VERB: &str = "get";
 /// How long an answer is reused.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const DENIED_FOR: Duration = Duration::from_secs(10);
+/// How long past [`ALLOWED_FOR`] an allowed answer still stands while its
+/// review again cannot be made (over its limit, or the API server failing):
+/// the longest a revoked scraper may still read the metrics, and how long
+/// Prometheus is answered through a flood or an API server outage.
+pub const STALE_FOR: Duration = Duration::from_secs(300);
 /// The most answers kept. Under the review limit at most
 /// `REVIEW_BURST + REVIEWS_PER_SECOND × 60 s` = 310 are live at once, so
 /// the bound is reached only through expired answers not yet dropped; it is
@@ -119,7 +127,11 @@ fn token_key(token: &str) -> [u8; 32] {
 pub struct MetricsAuth {
     client: Client,
     cache: Mutex<Cache>,
+    /// Reviews of tokens never allowed.
     limiter: Mutex<Limiter>,
+    /// Reviews again of tokens allowed before: a limit of their own, so
+    /// that a flood of new tokens cannot spend it.
+    renewals: Mutex<Limiter>,
     in_flight: Semaphore,
 }
 
@@ -141,6 +153,7 @@ impl MetricsAuth {
             client,
             cache: Mutex::default(),
             limiter: Mutex::new(Limiter::new(Instant::now())),
+            renewals: Mutex::new(Limiter::new(Instant::now())),
             in_flight: Semaphore::new(REVIEWS_IN_FLIGHT),
         }
     }
@@ -156,17 +169,39 @@ impl MetricsAuth {
         if let Some(access) = self.cached(&key) {
             return Ok(access);
         }
-        let _permit = match self.admit().await {
+        // Allowed before, and not long ago: reviewed again under a limit of
+        // its own, and still allowed if that review cannot be made now.
+        let allowed_before = self.cache.lock().allowed_recently(&key, Instant::now());
+        let limiter = if allowed_before { &self.renewals } else { &self.limiter };
+        let _permit = match self.admit(limiter).await {
             Ok(permit) => permit,
+            Err(_) if allowed_before => return Ok(self.still_allowed("the reviews are over their limit")),
             Err(retry_after) => return Ok(Access::TooMany { retry_after }),
         };
         let reviewed = tokio::time::timeout(REVIEW_TIMEOUT, self.review(token)).await;
-        let access = reviewed.map_err(|_| {
-            kube::Error::Service(format!("the token's review took over {} s", REVIEW_TIMEOUT.as_secs()).into())
-        })??;
+        let access = match reviewed {
+            Ok(Ok(access)) => access,
+            Err(_) if allowed_before => return Ok(self.still_allowed("the review timed out")),
+            Ok(Err(e)) if allowed_before => {
+                warn!(error = %e, "cannot review a metrics scraper's token again; its last answer stands meanwhile");
+                return Ok(Access::Allowed);
+            }
+            Err(_) => {
+                let took = format!("the token's review took over {} s", REVIEW_TIMEOUT.as_secs());
+                return Err(kube::Error::Service(took.into()));
+            }
+            Ok(Err(e)) => return Err(e),
+        };
         debug!(?access, "metrics scraper reviewed");
         self.remember(key, access);
         Ok(access)
+    }
+
+    /// A scraper allowed before, whose review again cannot be made now: its
+    /// last answer stands, for up to [`STALE_FOR`] past its time.
+    fn still_allowed(&self, why: &str) -> Access {
+        debug!(why, "a metrics scraper's last answer stands while it cannot be reviewed again");
+        Access::Allowed
     }
 
     /// Who the token is, and whether they may read the metrics.
@@ -185,10 +220,10 @@ impl MetricsAuth {
 
     /// A permit to review one token, or how long to wait before asking
     /// again: one of the reviews in flight must end within [`PERMIT_WAIT`],
-    /// and the bucket must hold a review.
-    async fn admit(&self) -> Result<SemaphorePermit<'_>, Duration> {
+    /// and `limiter`'s bucket must hold a review.
+    async fn admit(&self, limiter: &Mutex<Limiter>) -> Result<SemaphorePermit<'_>, Duration> {
         let permit = tokio::time::timeout(PERMIT_WAIT, self.in_flight.acquire()).await;
-        let mut limiter = self.limiter.lock();
+        let mut limiter = limiter.lock();
         let now = Instant::now();
         let admitted = match permit {
             Ok(Ok(permit)) => limiter.take(now).map(|()| permit),
@@ -268,6 +303,12 @@ impl Cache {
         Some(cached.access)
     }
 
+    /// Whether the token was allowed, its answer expired less than
+    /// [`STALE_FOR`] ago.
+    fn allowed_recently(&self, key: &[u8; 32], now: Instant) -> bool {
+        self.answers.get(key).is_some_and(|c| c.access == Access::Allowed && now < c.until + STALE_FOR)
+    }
+
     fn insert(&mut self, key: [u8; 32], access: Access, now: Instant) {
         if self.answers.len() >= MAX_CACHED && !self.answers.contains_key(&key) {
             self.make_room(now);
@@ -276,11 +317,12 @@ impl Cache {
         self.answers.insert(key, Cached { access, until: now + access.cached_for(), used: self.uses });
     }
 
-    /// Down to `MAX_CACHED - EVICTED` answers: the expired ones go first,
-    /// then the least recently used. Each call frees at least [`EVICTED`]
-    /// places, so its O(n) passes are shared by as many insertions.
+    /// Down to `MAX_CACHED - EVICTED` answers: the expired ones go first
+    /// (an allowed one once past [`STALE_FOR`] too), then the least
+    /// recently used. Each call frees at least [`EVICTED`] places, so its
+    /// O(n) passes are shared by as many insertions.
     fn make_room(&mut self, now: Instant) {
-        self.answers.retain(|_, c| now < c.until);
+        self.answers.retain(|_, c| now < c.until || (c.access == Access::Allowed && now < c.until + STALE_FOR));
         let keep = MAX_CACHED - EVICTED;
         let Some(excess) = self.answers.len().checked_sub(keep).filter(|n| *n > 0) else { return };
         let mut uses: Vec<u64> = self.answers.values().map(|c| c.used).collect();
@@ -417,7 +459,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn the_review_cache_stays_within_its_bound_dropping_expired_answers_first() {
         let auth = MetricsAuth::new(mocked().0);
-        let past = Instant::now() - Duration::from_secs(1);
+        // Expired, and past the time an allowed answer still stands.
+        let past = Instant::now() - STALE_FOR - Duration::from_secs(1);
         {
             let mut cache = auth.cache.lock();
             cache.answers.insert(key(0), cached_until(Access::Allowed, Instant::now() + ALLOWED_FOR));
@@ -577,6 +620,87 @@ pub(crate) mod tests {
         }
         assert_eq!(limiter.refused(start + REFUSALS_LOGGED_EVERY), Some(100), "the refusals since the last line");
         assert_eq!(limiter.refused(start + REFUSALS_LOGGED_EVERY + Duration::from_secs(1)), None);
+    }
+
+    /// A client whose API server knows one token, `prometheus`, allowed to
+    /// read the metrics, and `fails` for its reviews while set; every other
+    /// token is not authenticated. Counts the TokenReviews of each.
+    fn knowing_prometheus(fails: Arc<std::sync::atomic::AtomicBool>) -> (Client, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let (client, mut handle) = mocked();
+        let (junk, prometheus) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (junk_reviews, prometheus_reviews) = (junk.clone(), prometheus.clone());
+        tokio::spawn(async move {
+            while let Some((request, send)) = handle.next_request().await {
+                let path = request.uri().path().to_owned();
+                let sent: serde_json::Value =
+                    serde_json::from_slice(&request.into_body().collect_bytes().await.unwrap()).unwrap();
+                let known = sent["spec"]["token"] == "prometheus" || path == ACCESS_REVIEWS;
+                if path == TOKEN_REVIEWS {
+                    let count = if known { &prometheus_reviews } else { &junk_reviews };
+                    count.fetch_add(1, Ordering::SeqCst);
+                }
+                if known && fails.load(Ordering::SeqCst) {
+                    let failed = serde_json::json!({ "kind": "Status", "code": 500, "message": "etcd is down" });
+                    let mut response =
+                        http::Response::new(kube::client::Body::from(serde_json::to_vec(&failed).unwrap()));
+                    *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                    send.send_response(response);
+                    continue;
+                }
+                let body = match (path.as_str(), known) {
+                    (TOKEN_REVIEWS, true) => serde_json::json!({ "status": { "authenticated": true,
+                        "user": { "username": "system:serviceaccount:monitoring:prometheus" } } }),
+                    (TOKEN_REVIEWS, false) => serde_json::json!({ "status": { "authenticated": false } }),
+                    _ => serde_json::json!({ "status": { "allowed": true } }),
+                };
+                send.send_response(http::Response::new(kube::client::Body::from(serde_json::to_vec(&body).unwrap())));
+            }
+        });
+        (client, junk, prometheus)
+    }
+
+    /// Prometheus scraping every 5 s through a flood of new tokens that
+    /// lasts past its answer's minute: it is reviewed again on time, under
+    /// its own limit, and every scrape is answered; the flood still gets
+    /// no more reviews than the limit allows.
+    #[tokio::test(start_paused = true)]
+    async fn a_scraper_allowed_before_is_answered_through_a_flood_that_outlasts_its_cached_answer() {
+        let (client, junk, prometheus) = knowing_prometheus(Arc::default());
+        let auth = MetricsAuth::new(client);
+        assert_eq!(check(&auth, "prometheus").await, Access::Allowed);
+        let (mut n, start) = (0, Instant::now());
+        // 2 000 junk tokens over 90 s, 45 ms apart; a scrape every 5 s.
+        while n < 2000 {
+            if n % 111 == 0 {
+                assert_eq!(check(&auth, "prometheus").await, Access::Allowed, "{:?} into the flood", start.elapsed());
+            }
+            let _ = check(&auth, &format!("junk-{n}")).await;
+            n += 1;
+            tokio::time::advance(Duration::from_millis(45)).await;
+        }
+        assert!(start.elapsed() >= Duration::from_secs(90), "{:?}", start.elapsed());
+        assert!(prometheus.load(Ordering::SeqCst) >= 2, "reviewed again once its answer expired");
+        let bound = u64::from(REVIEW_BURST) + u64::from(REVIEWS_PER_SECOND) * start.elapsed().as_secs() + 1;
+        let junk = u64::try_from(junk.load(Ordering::SeqCst)).unwrap();
+        assert!(junk <= bound, "{junk} junk reviews, past the limit's {bound}");
+    }
+
+    /// While its review again fails, a scraper allowed before keeps its
+    /// answer for STALE_FOR past its time, and not longer.
+    #[tokio::test(start_paused = true)]
+    async fn a_scraper_allowed_before_keeps_its_answer_while_the_api_server_fails_for_a_bounded_time() {
+        let fails = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (client, _, _) = knowing_prometheus(fails.clone());
+        let auth = MetricsAuth::new(client);
+        assert_eq!(check(&auth, "prometheus").await, Access::Allowed);
+        fails.store(true, Ordering::SeqCst);
+        tokio::time::advance(ALLOWED_FOR + Duration::from_secs(1)).await;
+        assert_eq!(check(&auth, "prometheus").await, Access::Allowed, "its last answer stands");
+        tokio::time::advance(STALE_FOR).await;
+        let expired = auth.check(Some("Bearer prometheus")).await;
+        assert!(expired.is_err(), "past STALE_FOR the failure shows: {expired:?}");
+        fails.store(false, Ordering::SeqCst);
+        assert_eq!(check(&auth, "prometheus").await, Access::Allowed, "reviewed again once the API server answers");
     }
 
     pub(crate) const TOKEN_REVIEWS: &str = "/apis/authentication.k8s.io/v1/tokenreviews";

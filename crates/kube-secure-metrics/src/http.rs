@@ -3,7 +3,8 @@
 //! as its user says: a controller's caches filled, say); `/metrics` over
 //! HTTPS for reviewed tokens when secure.
 
-use std::net::SocketAddr;
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -12,8 +13,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
+use parking_lot::Mutex;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::oneshot;
 
 use prometheus_client::metrics::counter::Counter;
 
@@ -60,7 +62,8 @@ impl Readiness {
 /// Bind `addr` now (so a bad address fails start-up) and serve `router`
 /// (`what` it serves, for the log) in the background, over HTTP/1.1; a
 /// request header slower than 10 s is dropped, and at most 64 connections
-/// are served at once.
+/// are served at once, a new one taking the place of the oldest of the
+/// client that holds the most.
 pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
@@ -92,19 +95,16 @@ pub async fn serve_tls(
 }
 
 /// Accept connections on `listener` for ever, each served by `serve` in
-/// a task of its own, at most [`MAX_CONNECTIONS`] at once.
+/// a task of its own, at most [`MAX_CONNECTIONS`] at once ([`Places`]).
 async fn accept<F, Fut>(listener: TcpListener, bound: SocketAddr, serve: F)
 where
     F: Fn(TcpStream) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let connections = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let places = Arc::new(Mutex::new(Places::default()));
     loop {
-        // Wait for a free place before accepting: the connections past
-        // the cap wait in the kernel's backlog, costing nothing here.
-        let Ok(place) = connections.clone().acquire_owned().await else { return };
-        let tcp = match listener.accept().await {
-            Ok((tcp, _)) => tcp,
+        let (tcp, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, say: accepting again at once
                 // would spin (and log) until one is freed.
@@ -113,11 +113,86 @@ where
                 continue;
             }
         };
+        let (place, evicted) = places.lock().take(peer.ip());
         let connection = serve(tcp);
+        let places = places.clone();
         tokio::spawn(async move {
-            connection.await;
-            drop(place);
+            tokio::select! {
+                () = connection => {}
+                // Its place given to another client's connection.
+                _ = evicted => {}
+            }
+            places.lock().give_back(place);
         });
+    }
+}
+
+/// A connection's place: its peer and its number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Place {
+    peer: IpAddr,
+    id: u64,
+}
+
+/// The places of a listener's connections, by peer address: at most
+/// [`MAX_CONNECTIONS`] in all. Past that, a new connection takes the place
+/// of the oldest connection of the peer that holds the most — its own
+/// peer's, when that holds as many — so that no client, however many idle
+/// or slow connections it holds, keeps another out: the kubelet's probe,
+/// one connection from the node, is always served (an accept that waited
+/// for a place, as before, let 300 idle connections of one client keep
+/// every probe out).
+#[derive(Debug, Default)]
+struct Places {
+    by_peer: HashMap<IpAddr, VecDeque<(u64, oneshot::Sender<()>)>>,
+    held: usize,
+    next: u64,
+}
+
+impl Places {
+    /// A place for a connection from `peer`, and what resolves when it is
+    /// taken back for another.
+    fn take(&mut self, peer: IpAddr) -> (Place, oneshot::Receiver<()>) {
+        if self.held >= MAX_CONNECTIONS {
+            self.evict_for(peer);
+        }
+        let (evict, evicted) = oneshot::channel();
+        self.next += 1;
+        self.by_peer.entry(peer).or_default().push_back((self.next, evict));
+        self.held += 1;
+        (Place { peer, id: self.next }, evicted)
+    }
+
+    /// Close the oldest connection of the peer holding the most (`peer`'s
+    /// own among equals).
+    fn evict_for(&mut self, peer: IpAddr) {
+        let own = self.by_peer.get(&peer).map_or(0, VecDeque::len);
+        let heaviest = self.by_peer.iter().max_by_key(|(_, held)| held.len()).map(|(p, held)| (*p, held.len()));
+        let Some((heaviest, most)) = heaviest else { return };
+        let victim = if own >= most { peer } else { heaviest };
+        if let Some(held) = self.by_peer.get_mut(&victim)
+            && let Some((_, evict)) = held.pop_front()
+        {
+            // Dropped, the sender resolves the connection's receiver.
+            drop(evict);
+            self.held -= 1;
+            if held.is_empty() {
+                self.by_peer.remove(&victim);
+            }
+        }
+    }
+
+    /// A connection ended (or was closed for another): its place is free,
+    /// unless it was taken back already.
+    fn give_back(&mut self, place: Place) {
+        let Some(held) = self.by_peer.get_mut(&place.peer) else { return };
+        if let Some(at) = held.iter().position(|(id, _)| *id == place.id) {
+            held.remove(at);
+            self.held -= 1;
+        }
+        if held.is_empty() {
+            self.by_peer.remove(&place.peer);
+        }
     }
 }
 
@@ -154,12 +229,14 @@ const ACCEPT_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// How long a client may take over its TLS handshake or request header.
 const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// Connections served at once, per listener. Each costs a task and
-/// buffers (tens of KiB with TLS), and a scraper or a kubelet needs one: 64
-/// leave room for many Prometheus replicas while a client opening thousands
-/// cannot make the operator hold thousands. HTTP/1.1 connections idle past
-/// [`SLOW_CLIENT`] are closed, so the places free up; an HTTP/2 connection
-/// (only when the TLS configuration offers `h2`) has no such timeout.
+/// Connections served at once, per listener (the probes and the metrics
+/// each have theirs). Each costs a task and buffers (tens of KiB with
+/// TLS), and a scraper or a kubelet needs one: 64 leave room for many
+/// Prometheus replicas while a client opening thousands cannot make the
+/// operator hold thousands; past it, the client holding the most loses its
+/// oldest ([`Places`]). HTTP/1.1 connections idle past [`SLOW_CLIENT`] are
+/// closed; an HTTP/2 connection (only when the TLS configuration offers
+/// `h2`) has no such timeout.
 const MAX_CONNECTIONS: usize = 64;
 
 /// What the metrics listener serves, as its start-up log line says.
@@ -314,21 +391,87 @@ mod tests {
         assert!(started.elapsed() >= SLOW_CLIENT - std::time::Duration::from_millis(100), "{:?}", started.elapsed());
     }
 
+    /// A connection to `addr` from the loopback address `from` (Linux
+    /// answers on all of 127/8): another client, as the API server's
+    /// kubelet and a pod are.
+    async fn connect_from(from: [u8; 4], addr: SocketAddr) -> TcpStream {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(SocketAddr::from((from, 0))).unwrap();
+        socket.connect(addr).await.unwrap()
+    }
+
+    /// Ten probes from the kubelet's address, each answered within a second.
+    async fn probes_answered_within_a_second(addr: SocketAddr) -> usize {
+        let mut answered = 0;
+        for _ in 0..10 {
+            let probe = async {
+                let mut tcp = connect_from([127, 0, 0, 1], addr).await;
+                healthz(&mut tcp).await
+            };
+            if let Ok(status) = tokio::time::timeout(std::time::Duration::from_secs(1), probe).await {
+                answered += usize::from(status == "HTTP/1.1 200 OK");
+            }
+        }
+        answered
+    }
+
     #[tokio::test]
-    async fn connections_past_the_cap_wait_until_one_closes() {
+    async fn a_client_holding_hundreds_of_idle_or_slow_connections_does_not_keep_the_probes_out() {
+        use tokio::io::AsyncWriteExt;
         let addr = probes_listening().await;
+        assert_eq!(probes_answered_within_a_second(addr).await, 10, "before");
+        // One client, another address: 150 idle connections and 150 that
+        // send their request header a byte at a time.
         let mut held = Vec::new();
-        for _ in 0..MAX_CONNECTIONS {
-            let mut tcp = TcpStream::connect(addr).await.unwrap();
-            assert_eq!(healthz(&mut tcp).await, "HTTP/1.1 200 OK");
+        for n in 0..300 {
+            let mut tcp = connect_from([127, 0, 0, 2], addr).await;
+            if n % 2 == 1 {
+                tcp.write_all(b"GET /hea").await.unwrap();
+            }
             held.push(tcp);
         }
-        let mut past_cap = TcpStream::connect(addr).await.unwrap();
-        let waiting = tokio::time::timeout(std::time::Duration::from_secs(1), healthz(&mut past_cap)).await;
-        assert!(waiting.is_err(), "answered past the cap: {waiting:?}");
-        drop(held.pop());
-        let answered = tokio::time::timeout(std::time::Duration::from_secs(5), healthz(&mut past_cap)).await;
-        assert_eq!(answered.expect("answered once a place freed"), "HTTP/1.1 200 OK");
+        assert_eq!(probes_answered_within_a_second(addr).await, 10, "while 300 connections are held");
+        drop(held);
+    }
+
+    #[tokio::test]
+    async fn past_the_cap_the_oldest_connection_of_the_client_holding_the_most_is_closed() {
+        use tokio::io::AsyncReadExt;
+        let addr = probes_listening().await;
+        let mut many = Vec::new();
+        for _ in 0..MAX_CONNECTIONS {
+            let mut tcp = connect_from([127, 0, 0, 2], addr).await;
+            assert_eq!(healthz(&mut tcp).await, "HTTP/1.1 200 OK");
+            many.push(tcp);
+        }
+        let mut other = connect_from([127, 0, 0, 3], addr).await;
+        assert_eq!(healthz(&mut other).await, "HTTP/1.1 200 OK", "another client is served at the cap");
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), many[0].read(&mut [0; 16])).await;
+        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "the heaviest client's oldest is closed: {closed:?}");
+        // The heaviest client's next connection costs it its own oldest,
+        // never the other client's.
+        let mut more = connect_from([127, 0, 0, 2], addr).await;
+        assert_eq!(healthz(&mut more).await, "HTTP/1.1 200 OK");
+        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), many[1].read(&mut [0; 16])).await;
+        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "its own oldest is closed: {closed:?}");
+        assert_eq!(healthz(&mut other).await, "HTTP/1.1 200 OK", "the other client's connection stays");
+    }
+
+    #[test]
+    fn the_places_never_exceed_the_cap_and_a_freed_place_is_counted_once() {
+        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let mut places = Places::default();
+        let mut taken: Vec<_> = (0..MAX_CONNECTIONS).map(|_| places.take(a)).collect();
+        assert_eq!(places.held, MAX_CONNECTIONS);
+        let (b_place, _b_evicted) = places.take(b);
+        assert_eq!(places.held, MAX_CONNECTIONS, "at the cap, one taken back for the new one");
+        let (first, mut first_evicted) = taken.remove(0);
+        assert!(first_evicted.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Closed), "a's oldest");
+        places.give_back(first);
+        assert_eq!(places.held, MAX_CONNECTIONS, "its place was taken back already: not freed twice");
+        places.give_back(b_place);
+        assert_eq!(places.held, MAX_CONNECTIONS - 1);
+        assert!(!places.by_peer.contains_key(&b), "a peer with no connection left is forgotten");
     }
 
     #[test]
