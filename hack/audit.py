@@ -28,7 +28,7 @@ namespace); every request counts once (by auditID), whatever its verb.
                                                the write, then the same from the edit
   audit.py records LOG UA NS USER              every request so far, one JSON line each
                                                (user, pod, at, verb, resource, subresource,
-                                               name, code); by User-Agent start, namespace
+                                               name, code, dry_run); by User-Agent start, namespace
                                                and user (or impersonated user), "-" for any
   audit.py svg OUT TITLE LABEL=FILE[,FILE]...  draw curves (files of `curve`) as Foos
                                                converged over time; of several files
@@ -304,6 +304,7 @@ def records(path, ua, ns, user):
             "user": who, "pod": pod, "at": e["requestReceivedTimestamp"], "verb": e["verb"],
             "resource": ref.get("resource", ""), "subresource": ref.get("subresource"),
             "name": ref.get("name"), "code": (e.get("responseStatus") or {}).get("code"),
+            "dry_run": "dryRun=All" in (e.get("requestURI") or ""),
         }))
     return 0
 

@@ -108,3 +108,10 @@ leader_fence_crd() {
 HEADER
   cargo run --quiet --locked --bin crdgen -- leader-fence
 }
+# deploy/'s confinement of the operator's ServiceAccount, generated from
+# src/api/confinement.rs (hack/update-crds.sh writes it, hack/verify-crds.sh
+# checks it).
+CONFINEMENT_POLICY=deploy/13-deployment-writes-policy.yaml
+confinement_policy() {
+  cargo run --quiet --locked --bin crdgen -- deployment-writes-policy
+}

@@ -10,7 +10,7 @@ use kube::api::ApiResource;
 use kube::runtime::Controller;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Client, ResourceExt};
-use kube_lease_fence::{Elector, LeaderConfig, Lost, WriteGate, check_timing, default_identity, may_write};
+use kube_lease_fence::{Elector, Fence, LeaderConfig, Lost, WriteGate, check_timing, default_identity, may_write};
 use kube_secure_metrics::{self as endpoints, BindError, MetricsAuth, Readiness, TlsError};
 use tokio::task::JoinHandle;
 use tracing::{debug, info};
@@ -18,6 +18,7 @@ use tracing::{debug, info};
 use crate::api::constants::POD_NAME_ENV;
 use crate::api::foo::Foo;
 use crate::api::leader_fence::LeaderFence;
+use crate::api::shard::Shard;
 use crate::cache::Caches;
 use crate::client::retry::BACKOFF_MAX;
 use crate::client::watch::Paced;
@@ -25,9 +26,9 @@ use crate::client::{self, ConfigError};
 use crate::controller::backlog::Backlog;
 use crate::controller::{self, Settings};
 use crate::observe::metrics::Metrics;
-use crate::ops::check;
 use crate::ops::cli::{Cli, Command};
 use crate::ops::watchdog;
+use crate::ops::{check, confinement_probe};
 use crate::reconcile::adoption::{Adoption, CachedFoo};
 use crate::reconcile::context::Context;
 
@@ -113,25 +114,49 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         readiness,
         reconcile_timeout: cli.reconcile_timeout,
     };
+    let namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned());
+    let probe = probe_confinement(&cli, &client, &parts.metrics, &namespace, &settings.shard);
     if !cli.leader_elect {
         start_adoption(&parts.caches, &parts.adoption, None);
+        let probe = tokio::spawn(probe);
         run_controller(controller, parts, None).await;
+        probe.abort();
         return Ok(());
     }
-    let namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned());
     let timing = (cli.leader_elect_lease_duration, cli.leader_elect_renew_deadline, cli.leader_elect_retry_period);
-    let lease = leader_config(lease_name?, namespace, identity, timing);
+    let lease = leader_config(lease_name?, &cli.leader_election_id, namespace, identity, timing);
     // The timing was checked above, before connecting to anything.
     let elector = Elector::with_watches(client, lease, Paced).map_err(|e| Error::LeaderTiming(e.to_string()))?;
-    lead(controller, parts, elector).await
+    lead(controller, parts, elector, probe).await
+}
+
+/// The probe of the ServiceAccount's confinement, while this replica
+/// writes: in the namespace it watches (where its RBAC lets it create
+/// Deployments), else its own (`lease_namespace`, the Lease's).
+fn probe_confinement(
+    cli: &Cli,
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    lease_namespace: &str,
+    shard: &Shard,
+) -> impl Future<Output = ()> + Send + 'static {
+    let namespace = cli.namespace.clone().unwrap_or_else(|| lease_namespace.to_owned());
+    let metrics = metrics.clone();
+    let report = move |state: &confinement_probe::State| {
+        metrics.set_confinement(state.label(), &confinement_probe::State::LABELS);
+    };
+    confinement_probe::keep_probing(client.clone(), namespace, shard.clone(), cli.confinement_check_period, report)
 }
 
 /// The elector's configuration: the Lease `name` in `namespace`, contended
 /// for as `identity` with `(lease duration, renew deadline, retry period)`;
 /// its writes under the operator's field manager, its fence the
-/// [`LeaderFence`], a refused sync retried at least every [`BACKOFF_MAX`].
+/// [`LeaderFence`] named `election_id` (`--leader-election-id`, which every
+/// shard's Lease is named after: the shards share it), a refused sync
+/// retried at least every [`BACKOFF_MAX`].
 pub fn leader_config(
     name: String,
+    election_id: &str,
     namespace: String,
     identity: String,
     (lease_duration, renew_deadline, retry_period): (Duration, Duration, Duration),
@@ -144,7 +169,7 @@ pub fn leader_config(
         renew_deadline,
         retry_period,
         field_manager: client::FIELD_MANAGER.into(),
-        fence: Some(ApiResource::erase::<LeaderFence>(&())),
+        fence: Some(Fence { resource: ApiResource::erase::<LeaderFence>(&()), name: election_id.to_owned() }),
         retry_cap: BACKOFF_MAX,
     }
 }
@@ -154,15 +179,17 @@ pub fn leader_config(
 /// --leader-election-namespace says otherwise.
 async fn preflight(cli: &Cli, service_account: (String, String)) -> Result<(), Error> {
     let config = client::config(cli.kubeconfig.as_deref(), cli.master.as_ref()).await?;
-    let client = client::build(config, Default::default()).map_err(Error::Client)?;
+    let client = client::build(config.clone(), Default::default()).map_err(Error::Client)?;
     let shard = cli.shard_selector.clone().unwrap_or_default();
     let lease_namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| service_account.0.clone());
     let scope = check::Scope {
         lease: (lease_namespace, shard.lease_name(&cli.leader_election_id).map_err(Error::Shard)?),
+        fence: cli.leader_election_id.clone(),
         namespace: cli.namespace.clone(),
         service_account,
+        shard,
     };
-    let findings = check::run(&client, &scope).await;
+    let findings = check::run(&client, &config, &scope).await;
     for finding in &findings {
         println!("{finding}");
     }
@@ -210,7 +237,12 @@ fn exposition(metrics: &Arc<Metrics>) -> endpoints::Exposition {
 /// that edits made meanwhile overtake them. (controller-runtime's
 /// manager, by default, starts its watches only once it leads: its standby
 /// lists everything after taking the Lease.)
-async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Paced>) -> Result<(), Error> {
+async fn lead(
+    controller: Controller<Foo>,
+    parts: Parts,
+    mut elector: Elector<Paced>,
+    probe: impl Future<Output = ()>,
+) -> Result<(), Error> {
     let (metrics, lease) = (parts.metrics.clone(), elector.lease_name().to_owned());
     let (caches, backlog, adoption) = (parts.caches.clone(), parts.backlog.clone(), parts.adoption.clone());
     let gate = elector.gate();
@@ -228,12 +260,13 @@ async fn lead(controller: Controller<Foo>, parts: Parts, mut elector: Elector<Pa
     metrics.set_leader(&lease, true);
     // Once the API server's fence names this replica (at once, unless its
     // claim failed and is retried at the next renewal): adopt, then sync
-    // every Foo. Never ends on its own.
+    // every Foo, and probe the ServiceAccount's confinement. Never ends on
+    // its own.
     let start_writing = async {
         gate.held().await;
         start_adoption(&caches, &adoption, Some(gate.clone()));
         backlog.push_all(&caches.foos);
-        std::future::pending::<()>().await
+        probe.await;
     };
     let result = tokio::select! {
         // Graceful shutdown: in-flight syncs finished, then hand over.

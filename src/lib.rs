@@ -40,6 +40,7 @@ mod reconcile;
 pub mod testing;
 
 // The public API: the custom resources (crdgen prints their CRDs)...
+pub use api::confinement::{CONFINEMENT_POLICY, policy_file as confinement_policy_file};
 pub use api::foo::{Foo, FooSpec, FooStatus};
 pub use api::leader_fence::{LeaderFence, LeaderFenceSpec};
 // ...and what src/main.rs runs.

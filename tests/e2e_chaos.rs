@@ -23,6 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::Foo;
+use sample_controller::LeaderFence;
 use sample_controller::testing::api::DeploymentView;
 use sample_controller::testing::api::FENCE_POLICY;
 use sample_controller::testing::api::POD_NAME_ENV;
@@ -30,7 +31,6 @@ use sample_controller::testing::api::UNSHARDED;
 use sample_controller::testing::client::USER_AGENT;
 use sample_controller::testing::ops::PERIOD;
 use sample_controller::testing::reconcile::{DeploymentAction, decide};
-use sample_controller::{LeaderFence, LeaderFenceSpec};
 use serde_json::json;
 
 /// One scenario at a time: they stop the plane everyone uses. (Under
@@ -507,7 +507,7 @@ async fn a_leader_the_fence_refuses_for_good_says_so_in_an_error_and_in_the_aler
         without_fences,
     ]);
     let other = format!("{}_1", pods[1].name_any());
-    let fence = LeaderFence::new(DEPLOY_LEASE, LeaderFenceSpec { holder_identity: Some(other.clone()) });
+    let fence = LeaderFence::new(DEPLOY_LEASE, naming_leader(&other));
     let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
     fences.create(&PostParams::default(), &fence).await.expect("the LeaderFence naming the other replica");
     let ns = TestNamespace::new("chaos-refused").await;

@@ -18,15 +18,15 @@ use k8s_openapi::api::apps::v1::Deployment;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use sample_controller::Foo;
+use sample_controller::LeaderFence;
 use sample_controller::testing::api::UNSHARDED;
 use sample_controller::testing::api::desired_deployment;
 use sample_controller::testing::api::{CONTAINER_IMAGE, LABEL_MANAGED_BY, LABEL_MANAGED_BY_VALUE};
 use sample_controller::testing::reconcile::DeploymentPatch;
-use sample_controller::{LeaderFence, LeaderFenceSpec};
 use serde_json::json;
 
 /// The policy's name, which the API server puts in each of its refusals.
-const POLICY: &str = "sample-controller-deployment-writes";
+const POLICY: &str = sample_controller::CONFINEMENT_POLICY;
 
 /// What the tests install: deploy/'s namespace, ServiceAccount and RBAC, its
 /// leader fence, and the confinement. Not the operator's Deployment: no
@@ -98,8 +98,7 @@ impl Confined {
             "--timeout=60s",
         ]);
         let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
-        let holder =
-            LeaderFence::new(DEPLOY_LEASE, LeaderFenceSpec { holder_identity: Some(format!("{HOLDER_POD}_1")) });
+        let holder = LeaderFence::new(DEPLOY_LEASE, naming_leader(&format!("{HOLDER_POD}_1")));
         fences.create(&PostParams::default(), &holder).await.expect("a LeaderFence naming the holder's pod");
 
         let ns = TestNamespace::new(prefix).await;
@@ -185,17 +184,30 @@ fn operator_patch(
 }
 
 /// The operator's merge patch built by `patch` from the Deployment `name`
-/// as read now, sent as the operator; built and sent again while the API
-/// server answers Conflict (the Deployment controller writes the Deployment
-/// meanwhile), as a sync tries again from its newer copy.
+/// as read now, sent as the operator from the holder's pod; built and sent
+/// again while the API server answers Conflict (the Deployment controller
+/// writes the Deployment meanwhile), as a sync tries again from its newer
+/// copy. A write must reach admission to be judged: the API server checks a
+/// patch's resourceVersion first, so a patch from a stale copy is a 409
+/// whoever sends it.
 async fn patched_from_current(
+    confined: &Confined,
+    name: &str,
+    patch: impl Fn(&Deployment) -> serde_json::Value,
+) -> kube::Result<Deployment> {
+    patched_from_current_by(&confined.operator, confined, name, patch).await
+}
+
+/// [`patched_from_current`], sent through `by`.
+async fn patched_from_current_by(
+    by: &Api<Deployment>,
     confined: &Confined,
     name: &str,
     patch: impl Fn(&Deployment) -> serde_json::Value,
 ) -> kube::Result<Deployment> {
     for _ in 0..10 {
         let current = confined.ns.api::<Deployment>().get(name).await.expect("read the Deployment");
-        match confined.operator.patch(name, &PatchParams::default(), &Patch::Merge(&patch(&current))).await {
+        match by.patch(name, &PatchParams::default(), &Patch::Merge(&patch(&current))).await {
             Err(kube::Error::Api(s)) if s.is_conflict() => continue,
             result => return result,
         }
@@ -220,20 +232,68 @@ async fn the_operators_service_account_may_scale_a_deployment_a_foo_controls() {
 }
 
 #[tokio::test]
-async fn the_operators_service_account_may_relabel_a_deployment_a_foo_controls() {
+async fn the_operators_service_account_may_label_a_deployment_a_foo_controls_as_managed_by_it_and_no_other_label() {
     let confined = Confined::new("confined-relabel").await;
     let d = confined.owned().await;
-    // Its managed-by label (what an adoption writes) and a shard label
-    // (a Foo moved to another shard) set...
-    let shard_a = |d: &Deployment| operator_patch(d, None, true, &[("shard", Some("a"))]);
-    let relabelled = patched_from_current(&confined, &d.name_any(), shard_a).await;
-    let labels = relabelled.expect("the operator relabels its Foo's Deployment").labels().clone();
-    assert_eq!(labels.get("shard").map(String::as_str), Some("a"));
+    // Its managed-by label, what an adoption writes...
+    let adopt = |d: &Deployment| operator_patch(d, None, true, &[]);
+    let adopted = patched_from_current(&confined, &d.name_any(), adopt).await;
+    let labels = adopted.expect("the operator labels its Foo's Deployment as managed by it").labels().clone();
     assert_eq!(labels.get(LABEL_MANAGED_BY).map(String::as_str), Some(LABEL_MANAGED_BY_VALUE));
-    // ...and a shard label removed.
+    // ...but no label deploy/'s operator does not own: it follows no shard.
+    let shard = |d: &Deployment| operator_patch(d, None, false, &[("shard", Some("a"))]);
+    let refused = patched_from_current(&confined, &d.name_any(), shard).await;
+    assert_refused(&refused, "this sets metadata.labels.shard=a");
+    let other_manager = |d: &Deployment| operator_patch(d, None, false, &[(LABEL_MANAGED_BY, Some("someone-else"))]);
+    let refused = patched_from_current(&confined, &d.name_any(), other_manager).await;
+    assert_refused(&refused, &format!("this sets metadata.labels.{LABEL_MANAGED_BY}=someone-else"));
+    let unmanaged = |d: &Deployment| operator_patch(d, None, false, &[(LABEL_MANAGED_BY, None)]);
+    let refused = patched_from_current(&confined, &d.name_any(), unmanaged).await;
+    assert_refused(&refused, &format!("this sets metadata.labels.{LABEL_MANAGED_BY}=(removed)"));
+}
+
+/// The confinement as artifacts/shards patches it: its first variable
+/// lists the label the shards follow.
+struct ShardsPolicy;
+
+impl ShardsPolicy {
+    fn new() -> Self {
+        let policy = kubectl_ok(&["kustomize", "artifacts/shards/shared"]);
+        let shards_policy = policy
+            .split("\n---\n")
+            .find(|doc| doc.contains("kind: ValidatingAdmissionPolicy\n") && doc.contains(&format!("name: {POLICY}\n")))
+            .expect("artifacts/shards' confinement policy")
+            .to_owned();
+        assert!(shards_policy.contains(r#"'["shard"]'"#) || shards_policy.contains(r#"["shard"]"#), "{shards_policy}");
+        let file = format!("{}/shards-policy.yaml", env!("CARGO_TARGET_TMPDIR"));
+        std::fs::write(&file, shards_policy).unwrap();
+        kubectl_ok(&["apply", "-f", &file]);
+        ShardsPolicy
+    }
+}
+
+impl Drop for ShardsPolicy {
+    fn drop(&mut self) {
+        kubectl(&["apply", "-f", "deploy/13-deployment-writes-policy.yaml"]);
+    }
+}
+
+#[tokio::test]
+async fn under_the_shards_layout_the_operators_service_account_may_set_and_remove_the_shard_label() {
+    let confined = Confined::new("confined-shard-label").await;
+    let d = confined.owned().await;
+    let _shards = ShardsPolicy::new();
+    let shard_a = |d: &Deployment| operator_patch(d, None, true, &[("shard", Some("a"))]);
+    let relabelled = wait_until("artifacts/shards' policy in effect", IN_EFFECT, || async {
+        patched_from_current(&confined, &d.name_any(), shard_a).await.ok()
+    })
+    .await;
+    assert_eq!(relabelled.labels().get("shard").map(String::as_str), Some("a"));
     let no_shard = |d: &Deployment| operator_patch(d, None, false, &[("shard", None)]);
     let relabelled = patched_from_current(&confined, &d.name_any(), no_shard).await;
     assert!(!relabelled.expect("the operator removes a shard label").labels().contains_key("shard"));
+    let other = |d: &Deployment| operator_patch(d, None, false, &[("team", Some("a"))]);
+    assert_refused(&patched_from_current(&confined, &d.name_any(), other).await, "this sets metadata.labels.team=a");
 }
 
 #[tokio::test]
@@ -310,17 +370,89 @@ async fn the_operators_service_account_may_not_create_a_deployment_no_foo_contro
 #[tokio::test]
 async fn the_operators_service_account_may_not_create_a_deployment_of_another_image_under_a_made_up_foo() {
     let confined = Confined::new("confined-made-up-owner").await;
-    // A Foo that does not exist (admission does not look owners up), and
-    // another image.
-    let mut made_up = confined.foo.clone();
-    made_up.metadata.name = Some("made-up".into());
-    made_up.metadata.uid = Some("00000000-0000-4000-8000-00000000f00f".into());
-    made_up.spec.deployment_name = "made-up".into();
-    let mut d = desired_deployment(&made_up, UNSHARDED).unwrap();
+    let mut d = made_up_foos(&confined);
     let pod = d.spec.as_mut().unwrap().template.spec.as_mut().unwrap();
     pod.containers[0].image = Some("registry.example.com/not-nginx:1".into());
     let created = confined.operator.create(&PostParams::default(), &d).await;
     assert_refused(&created, "may only create a Deployment of one container, nginx, of image nginx:latest");
+}
+
+/// The operator's Deployment for a Foo that does not exist (admission
+/// does not look owners up), as a stolen token would make one.
+fn made_up_foos(confined: &Confined) -> Deployment {
+    let mut made_up = confined.foo.clone();
+    made_up.metadata.name = Some("made-up".into());
+    made_up.metadata.uid = Some("00000000-0000-4000-8000-00000000f00f".into());
+    made_up.spec.deployment_name = "made-up".into();
+    desired_deployment(&made_up, UNSHARDED).unwrap()
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_create_more_replicas_than_a_foo_may_ask_for_even_under_a_made_up_foo() {
+    let confined = Confined::new("confined-replicas").await;
+    let mut d = made_up_foos(&confined);
+    let admitted = confined.operator.create(&dry_run(), &d).await;
+    assert!(admitted.is_ok(), "a made-up owner buys one nginx Deployment of a Foo's bounds: {admitted:?}");
+    for replicas in [11, 100_000, 0] {
+        d.spec.as_mut().unwrap().replicas = Some(replicas);
+        let created = confined.operator.create(&dry_run(), &d).await;
+        assert_refused(
+            &created,
+            &format!(
+                "may only create a Deployment of 1 to 10 replicas, a Foo's bounds; this one sets spec.replicas={replicas}"
+            ),
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_create_a_deployment_with_resources_finalizers_annotations_or_other_defaults()
+ {
+    let confined = Confined::new("confined-values").await;
+    // Each: what the refusal names, and where the field is set (its
+    // parent, as a JSON pointer, its key and its value).
+    let pod = "/spec/template/spec";
+    let nginx = "/spec/template/spec/containers/0";
+    let cases = [
+        (
+            "spec.template.spec.containers[nginx].resources={requests}",
+            nginx,
+            "resources",
+            json!({ "requests": { "cpu": "64", "memory": "256Gi" } }),
+        ),
+        ("metadata.finalizers=[example.com/keep]", "/metadata", "finalizers", json!(["example.com/keep"])),
+        ("metadata.annotations={note}", "/metadata", "annotations", json!({ "note": "x" })),
+        ("metadata.labels.team=a", "/metadata/labels", "team", json!("a")),
+        ("spec.template.spec.terminationGracePeriodSeconds=86400", pod, "terminationGracePeriodSeconds", json!(86400)),
+        ("spec.template.spec.dnsPolicy=Default", pod, "dnsPolicy", json!("Default")),
+        ("spec.template.spec.containers[nginx].imagePullPolicy=Never", nginx, "imagePullPolicy", json!("Never")),
+        ("spec.revisionHistoryLimit=100000", "/spec", "revisionHistoryLimit", json!(100_000)),
+    ];
+    for (named, parent, key, value) in cases {
+        let mut d = serde_json::to_value(made_up_foos(&confined)).unwrap();
+        d.pointer_mut(parent).unwrap_or_else(|| panic!("{parent}"))[key] = value;
+        let created = confined.operator.create(&dry_run(), &serde_json::from_value(d).unwrap()).await;
+        assert_refused(
+            &created,
+            &format!("may only create a Deployment as the operator builds it; this one sets {named}"),
+        );
+    }
+}
+
+#[tokio::test]
+async fn the_operators_service_account_may_not_scale_a_deployment_a_foo_controls_beyond_a_foos_bounds() {
+    let confined = Confined::new("confined-scale-bounds").await;
+    let d = confined.owned().await;
+    for replicas in [11, 100_000, 0] {
+        let scale = |d: &Deployment| operator_patch(d, Some(replicas), false, &[]);
+        let scaled = patched_from_current(&confined, &d.name_any(), scale).await;
+        assert_refused(
+            &scaled,
+            &format!(
+                "may only scale a Deployment to 1 to 10 replicas, a Foo's bounds; this sets spec.replicas={replicas}"
+            ),
+        );
+    }
 }
 
 #[tokio::test]
@@ -335,7 +467,7 @@ async fn the_operators_service_account_may_not_create_a_foo_deployment_with_host
     pod["containers"][0]["securityContext"] = json!({ "capabilities": { "add": ["SYS_ADMIN"] } });
     d.spec.as_mut().unwrap().template.spec = Some(serde_json::from_value(pod).unwrap());
     let created = confined.operator.create(&PostParams::default(), &d).await;
-    assert_refused(&created, "may only create a Deployment as the operator builds it, which does not set");
+    assert_refused(&created, "may only create a Deployment as the operator builds it; this one sets");
     let Err(kube::Error::Api(refusal)) = &created else { unreachable!() };
     for field in [
         "spec.template.spec.hostPID",
@@ -379,9 +511,112 @@ async fn the_leader_fence_still_refuses_the_operators_own_writes_from_a_pod_that
     by_the_fence("a create", standby.create(&PostParams::default(), &ours).await);
     // The holder's same writes pass both policies.
     let d = confined.owned().await;
-    let patch = operator_patch(&d, Some(2), false, &[]);
-    by_the_fence("a scale", standby.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&patch)).await);
     let scale = |d: &Deployment| operator_patch(d, Some(2), false, &[]);
+    by_the_fence("a scale", patched_from_current_by(&standby, &confined, &d.name_any(), scale).await);
     let scaled = patched_from_current(&confined, &d.name_any(), scale).await;
     assert_eq!(replicas(&scaled.expect("the holder's scale")), Some(2));
+}
+
+/// deploy/ applied through a kustomize overlay that moves it to another
+/// namespace and prefixes its names, as a user's first customization does;
+/// deleted again (its LeaderFence CRD is deploy/'s too: applied again) when
+/// dropped, and deploy/'s own bindings off meanwhile, so that only the
+/// overlay's policies judge.
+struct Overlaid {
+    dir: &'static str,
+}
+
+/// The overlay's namespace, prefix and ServiceAccount.
+const OVERLAY_NS: &str = "confined-overlay-ops";
+const OVERLAY_PREFIX: &str = "x-";
+const OVERLAY_SA: &str = "x-sample-controller";
+
+impl Overlaid {
+    fn new() -> Self {
+        let dir = ".local/test-overlay";
+        std::fs::create_dir_all(dir).unwrap();
+        let kustomization =
+            format!("resources: [../../deploy]\nnamespace: {OVERLAY_NS}\nnamePrefix: {OVERLAY_PREFIX}\n");
+        std::fs::write(format!("{dir}/kustomization.yaml"), kustomization).unwrap();
+        kubectl_ok(&[
+            "delete",
+            "-f",
+            "deploy/12-leader-fence-binding.yaml",
+            "-f",
+            "deploy/14-deployment-writes-binding.yaml",
+        ]);
+        kubectl_ok(&["apply", "-k", dir]);
+        Overlaid { dir }
+    }
+}
+
+impl Drop for Overlaid {
+    fn drop(&mut self) {
+        kubectl(&["delete", "-k", self.dir, "--wait=false"]);
+        kubectl(&["apply", "-f", "deploy/11-leader-fence-crd.yaml"]);
+        kubectl(&["wait", "--for=condition=established", "crd/leaderfences.samplecontroller.k8s.io", "--timeout=60s"]);
+        kubectl(&[
+            "apply",
+            "-f",
+            "deploy/12-leader-fence-binding.yaml",
+            "-f",
+            "deploy/14-deployment-writes-binding.yaml",
+        ]);
+    }
+}
+
+/// A client acting as the overlay's ServiceAccount from `pod`.
+async fn overlay_operator_in(pod: &str) -> kube::Client {
+    let mut cfg = service_account_config(OVERLAY_NS, OVERLAY_SA).await;
+    cfg.auth_info.impersonate_user_extra =
+        Some([("authentication.kubernetes.io/pod-name".to_owned(), vec![pod.to_owned()])].into());
+    kube::Client::try_from(cfg).expect("client")
+}
+
+#[tokio::test]
+async fn deploy_under_an_overlay_of_another_namespace_and_a_name_prefix_confines_and_fences_as_deploy_does() {
+    let confined = Confined::new("confined-overlay").await;
+    let overlaid = Overlaid::new();
+    // The overlay's leader, named in the overlay's LeaderFence (in its
+    // namespace, after --leader-election-id, which the overlay keeps).
+    let holder = format!("{OVERLAY_PREFIX}sample-controller-5c9d8f7b6-holdr");
+    let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, OVERLAY_NS);
+    wait_until("the overlay's namespace", IN_EFFECT, || async {
+        let fence = LeaderFence::new(DEPLOY_LEASE, naming_leader(&format!("{holder}_1")));
+        fences.create(&PostParams::default(), &fence).await.ok()
+    })
+    .await;
+    let ns = &confined.ns.name;
+    let operator: Api<Deployment> = Api::namespaced(overlay_operator_in(&holder).await, ns);
+    let bare: Api<Deployment> = Api::namespaced(overlay_operator_in("evil").await, ns);
+    let policy = |name: &str| format!("ValidatingAdmissionPolicy '{OVERLAY_PREFIX}{name}'");
+    let by = |result: &kube::Result<Deployment>, name: &str, reason: &str| matches!(result, Err(kube::Error::Api(s)) if s.code == 403 && s.message.contains(&policy(name)) && s.message.contains(reason));
+    let mut too_many = made_up_foos(&confined);
+    too_many.spec.as_mut().unwrap().replicas = Some(100_000);
+    wait_until("the overlay's confinement and fence in effect", IN_EFFECT, || async {
+        let refused = operator.create(&dry_run(), &too_many).await;
+        let fenced = bare.create(&dry_run(), &confined.as_the_operator_builds_it()).await;
+        let admitted = operator.create(&dry_run(), &confined.as_the_operator_builds_it()).await;
+        (by(&refused, POLICY, "spec.replicas=100000")
+            && by(&fenced, sample_controller::testing::api::FENCE_POLICY, "pod evil holds no Lease")
+            && admitted.is_ok())
+        .then_some(())
+    })
+    .await;
+    // A Deployment no Foo owns: its template not patched, as on deploy/.
+    confined.unowned("theirs").await;
+    let template = another_template();
+    let patched = operator.patch("theirs", &PatchParams::default(), &Patch::Merge(&template)).await;
+    assert!(
+        by(&patched, POLICY, "may only update a Deployment that has a controller ownerReference to a Foo"),
+        "{patched:?}"
+    );
+    // The Foo's own Deployment: scaled within a Foo's bounds, not beyond.
+    let d = confined.owned().await;
+    let scale = |replicas| move |d: &Deployment| operator_patch(d, Some(replicas), false, &[]);
+    let refused = patched_from_current_by(&operator, &confined, &d.name_any(), scale(100_000)).await;
+    assert!(by(&refused, POLICY, "this sets spec.replicas=100000"), "{refused:?}");
+    let scaled = patched_from_current_by(&operator, &confined, &d.name_any(), scale(3)).await;
+    assert_eq!(replicas(&scaled.expect("the overlay's leader scales its Foo's Deployment")), Some(3));
+    drop(overlaid);
 }

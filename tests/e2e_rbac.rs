@@ -22,7 +22,6 @@ use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube_lease_fence::Elector;
 use kube_secure_metrics::{Access, MetricsAuth};
-use sample_controller::testing::api::LABEL_MANAGED_BY;
 use sample_controller::testing::api::UNSHARDED;
 use sample_controller::testing::api::desired_deployment;
 use sample_controller::testing::app::leader_config;
@@ -501,7 +500,7 @@ async fn the_service_account_can_run_the_whole_controller_and_uses_every_verb_it
     let lease_name = account.name.clone();
     let candidate = |client: kube::Client, identity: &str| {
         let timing = (CANDIDATE_LEASE, Duration::from_secs(10), Duration::from_secs(2));
-        let lease = leader_config(lease_name.clone(), NS.into(), identity.into(), timing);
+        let lease = leader_config(lease_name.clone(), &lease_name, NS.into(), identity.into(), timing);
         Elector::with_watches(client, lease, Paced).expect("client-go's timing")
     };
     let mut leader = candidate(service_account_client(NS, &account.name).await, "rbac-test-leader");
@@ -631,25 +630,26 @@ async fn the_service_account_has_no_verb_the_controller_does_not_use() {
 /// refusal, if any. The Deployment writes are the operator's own, of the
 /// Deployments of Foo `fenced`, which deploy/'s confinement of the
 /// ServiceAccount (13-deployment-writes-policy.yaml) admits: only the fence
-/// decides. The created ones lack the managed-by label, so that a replica
-/// leading in `ns` never watches them (and deletes them as stale).
+/// decides: the create a dry run of the operator's own Deployment under
+/// another name, of one replica (admission sees it as a create; nothing is
+/// left for a replica leading in `ns` to find), the patch one that leaves
+/// the replicas as they are (none).
 async fn guarded_writes(client: &kube::Client, ns: &TestNamespace, tag: &str) -> Vec<Option<kube::Error>> {
     let mut deployment = fenced_deployment(ns).await;
-    deployment.metadata.name = None;
-    deployment.metadata.generate_name = Some(format!("{tag}-"));
-    if let Some(labels) = deployment.metadata.labels.as_mut() {
-        labels.remove(LABEL_MANAGED_BY);
-    }
+    deployment.metadata.name = Some(format!("{tag}-created"));
+    deployment.spec.as_mut().unwrap().replicas = Some(1);
     let status = json!({ "status": { "availableReplicas": 0 } });
     let event = fence_event(ns, tag);
     let labelled = json!({ "metadata": { "labels": { "written-by": tag } } });
+    let same_replicas = json!({ "spec": { "replicas": 0 } });
     let (pp, patch) = (PostParams::default(), PatchParams::default());
+    let dry_run_create = PostParams { dry_run: true, ..PostParams::default() };
     let dry_run = kube::api::DeleteParams { dry_run: true, ..Default::default() };
     let (deployments, events) =
         (Api::<Deployment>::namespaced(client.clone(), &ns.name), Api::<Event>::namespaced(client.clone(), &ns.name));
     vec![
-        deployments.create(&pp, &deployment).await.err(),
-        deployments.patch(FENCED, &patch, &Patch::Merge(&labelled)).await.err(),
+        deployments.create(&dry_run_create, &deployment).await.err(),
+        deployments.patch(FENCED, &patch, &Patch::Merge(&same_replicas)).await.err(),
         deployments.delete(FENCED, &dry_run).await.err(),
         Api::<Foo>::namespaced(client.clone(), &ns.name)
             .patch_status(FENCED, &patch, &Patch::Merge(&status))
@@ -741,7 +741,7 @@ async fn take_lead(client: &kube::Client, pod: &Pod) {
     let current = fences.get_opt(DEPLOY_LEASE).await.unwrap();
     let existed = current.is_some();
     let mut ours = current.unwrap_or_else(|| LeaderFence::new(DEPLOY_LEASE, LeaderFenceSpec::default()));
-    ours.spec.holder_identity = Some(holder.clone());
+    ours.spec.holders.insert(DEPLOY_LEASE.to_owned(), holder.clone());
     let written = if existed {
         fences.replace(DEPLOY_LEASE, &PostParams::default(), &ours).await
     } else {
@@ -807,12 +807,55 @@ async fn the_api_server_admits_the_operators_writes_only_from_the_pod_that_holds
     })
     .await;
     assert_fenced(guarded_writes(&a, &ns, "deposed").await, "the deposed holder's pod");
-    // The Lease fences the replicas of the Deployment that holds it; another
-    // shard's operator answers to its own Lease.
+    // A pod of a Deployment that holds no Lease of the operator, and a bare
+    // pod, both run as the ServiceAccount: refused.
     let other = pod_of_another_deployment("sample-controller-other-shard").await;
     let other_client = pod_client(&other).await;
-    assert!(all_admitted(&guarded_writes(&other_client, &ns, "other-shard").await), "another Deployment's pod");
+    assert_fenced(guarded_writes(&other_client, &ns, "no-lease").await, "a pod of a Deployment holding no Lease");
+    let bare = bare_pod("evil").await;
+    assert_fenced(guarded_writes(&pod_client(&bare).await, &ns, "bare").await, "a bare pod");
+    // The same Deployment's pod once it leads another shard, named under
+    // that shard's Lease in the one LeaderFence: admitted, b's still.
+    name_leader_of("sample-controller-shard-other", &other).await;
+    wait_until("another shard's leader admitted", FENCE_FOLLOWS, || async {
+        all_admitted(&guarded_writes(&other_client, &ns, "other-shard").await).then_some(())
+    })
+    .await;
+    assert!(all_admitted(&guarded_writes(&b, &ns, "holder-beside-shard").await), "the holder beside another shard");
+    assert_fenced(guarded_writes(&a, &ns, "deposed-again").await, "the deposed holder's pod, beside another shard");
     kubectl_ok(&["delete", "deployment", "sample-controller-other-shard", "-n", NS, "--wait=false"]);
+    kubectl_ok(&["delete", "pod", "evil", "-n", NS, "--wait=false"]);
+}
+
+/// A bare pod `name` run as deploy/'s ServiceAccount in its namespace, with
+/// the name of no Deployment's pod, once the scheduler placed it.
+async fn bare_pod(name: &str) -> Pod {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": name, "namespace": NS },
+        "spec": { "serviceAccountName": SA,
+            "securityContext": { "runAsNonRoot": true, "runAsUser": 65532, "seccompProfile": { "type": "RuntimeDefault" } },
+            "containers": [{ "name": "c", "image": "busybox:1",
+                "securityContext": { "allowPrivilegeEscalation": false, "capabilities": { "drop": ["ALL"] } } }] }
+    }))
+    .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin_client().await, NS);
+    pods.patch(name, &PatchParams::apply("e2e-rbac").force(), &Patch::Apply(&pod)).await.unwrap();
+    wait_until("the bare pod scheduled", AS_DEPLOYED_TIMEOUT, || async {
+        let pod = pods.get_opt(name).await.ok()??;
+        pod.spec.as_ref()?.node_name.is_some().then_some(pod)
+    })
+    .await
+}
+
+/// Name `pod`'s replica the leader of the Lease `lease` in deploy/'s
+/// LeaderFence, as another shard's leader names itself there.
+async fn name_leader_of(lease: &str, pod: &Pod) {
+    let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
+    let holder = json!({ "spec": { "holders": { lease: format!("{}_1", pod.name_any()) } } });
+    fences
+        .patch(DEPLOY_LEASE, &PatchParams::default(), &Patch::Merge(&holder))
+        .await
+        .expect("name another shard's leader");
 }
 
 /// How soon the API server's fence follows a change of its LeaderFence or
@@ -964,7 +1007,7 @@ async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_
     let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, NS);
     let identity = wait_until("the leader's LeaderFence", TIMEOUT, || async {
         let fence = fences.get_opt(DEPLOY_LEASE).await.ok()??;
-        fence.holder().filter(|h| h.starts_with(&pods[leader].name_any())).map(str::to_owned)
+        fence.holder(DEPLOY_LEASE).filter(|h| h.starts_with(&pods[leader].name_any())).map(str::to_owned)
     })
     .await;
     let fenced_out = || async {
@@ -972,7 +1015,7 @@ async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_
     };
     wait_until("the standby refused", FENCE_FOLLOWS, || async { fenced_out().await.then_some(()) }).await;
 
-    let to_standby = json!({ "spec": { "holderIdentity": format!("{}_0", standby_pod.name_any()) } });
+    let to_standby = json!({ "spec": { "holders": { DEPLOY_LEASE: format!("{}_0", standby_pod.name_any()) } } });
     for edit in ["deleted", "naming the standby"] {
         let changed = Instant::now();
         if edit == "deleted" {
@@ -982,7 +1025,7 @@ async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_
         }
         wait_until(&format!("the LeaderFence, {edit}, claimed again"), RECLAIMED_WITHIN, || async {
             let fence = fences.get_opt(DEPLOY_LEASE).await.ok()??;
-            (fence.holder() == Some(identity.as_str())).then_some(())
+            (fence.holder(DEPLOY_LEASE) == Some(identity.as_str())).then_some(())
         })
         .await;
         println!("LeaderFence {edit}: claimed again after {:?}", changed.elapsed());
@@ -996,6 +1039,42 @@ async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_
         (metric(leader_op, in_place).await? == 1.0).then_some(())
     })
     .await;
+}
+
+/// How often the test's leader checks the confinement.
+const CHECK_PERIOD: Duration = Duration::from_secs(2);
+
+/// The leader checks, by two dry runs, that the API server confines its
+/// ServiceAccount: the gauge says so; with the confinement's binding
+/// deleted, within a check period (and the API server's policy refresh)
+/// the gauge says open and an ERROR says why; applied again, enforced.
+#[tokio::test]
+async fn the_leader_reports_within_a_check_period_when_the_api_server_stops_confining_its_service_account() {
+    let pods = install_deploy().await;
+    let _lease = FreshLease::new();
+    let ns = TestNamespace::new("confinement-probe").await;
+    let period = format!("--confinement-check-period={}s", CHECK_PERIOD.as_secs());
+    let leader = spawn_replica_with(&ns.name, &pods[0], LEASE, &[&period]).await;
+    let state = |state: &str| format!("sample_controller_confinement{{state=\"{state}\"}}");
+    let says = |wanted: &'static str| {
+        let (leader, series) = (&leader, state(wanted));
+        async move { (metric(leader, &series).await? == 1.0).then_some(()) }
+    };
+    wait_until("the leader's gauge to say enforced", TIMEOUT, || says("enforced")).await;
+    {
+        let _binding_back = ApplyOnDrop("deploy/14-deployment-writes-binding.yaml");
+        kubectl_ok(&["delete", "-f", "deploy/14-deployment-writes-binding.yaml"]);
+        let deleted = Instant::now();
+        // A check period, the API server's policy refresh (a second), a
+        // scrape, and room for a loaded machine.
+        wait_until("the leader's gauge to say open", CHECK_PERIOD + FENCE_FOLLOWS, || says("open")).await;
+        println!("the confinement's binding deleted: the gauge said open after {:?}", deleted.elapsed());
+        let log = format!("{}/{}-{}.log", env!("CARGO_TARGET_TMPDIR"), ns.name, pods[0].name_any());
+        let log = std::fs::read_to_string(&log).unwrap();
+        let error = log.lines().find(|l| l.contains("ERROR") && l.contains("confinement NOT enforced"));
+        assert!(error.is_some_and(|l| l.contains("runbook")), "no ERROR naming the runbook:\n{log}");
+    }
+    wait_until("the leader's gauge to say enforced again", CHECK_PERIOD + FENCE_FOLLOWS, || says("enforced")).await;
 }
 
 /// `sample-controller check`, as a user runs it against the cluster of
@@ -1044,8 +1123,21 @@ async fn check_passes_on_a_good_install_and_names_a_removed_rbac_rule_a_broken_f
     take_lead(&pod_client(&pods[0]).await, &pods[0]).await;
     let (passed, lines) = preflight();
     assert!(passed, "a good install: {lines}");
-    assert_eq!(lines.lines().filter(|l| l.starts_with("ok ")).count(), 5, "{lines}");
+    assert_eq!(lines.lines().filter(|l| l.starts_with("ok ")).count(), 6, "{lines}");
     assert!(lines.contains("follows the Lease"), "{lines}");
+    assert!(lines.contains("confinement: enforced"), "{lines}");
+
+    {
+        let _binding_back = ApplyOnDrop("deploy/14-deployment-writes-binding.yaml");
+        kubectl_ok(&["delete", "-f", "deploy/14-deployment-writes-binding.yaml"]);
+        // The API server's policy refresh: a second or so.
+        let line = wait_until("check to find the confinement off", TIMEOUT, || async {
+            let (passed, lines) = preflight();
+            (!passed).then(|| failed_check(&lines, "confinement"))
+        })
+        .await;
+        assert!(line.contains("NOT enforced"), "{line}");
+    }
 
     {
         let _role_back = ApplyOnDrop("deploy/02-clusterrole.yaml");
@@ -1059,7 +1151,7 @@ async fn check_passes_on_a_good_install_and_names_a_removed_rbac_rule_a_broken_f
     let other = format!("{}_1", pods[1].name_any());
     let fences: Api<LeaderFence> = Api::namespaced(admin_client().await, DEPLOY_NS);
     let mut fence = fences.get(DEPLOY_LEASE).await.unwrap();
-    fence.spec.holder_identity = Some(other.clone());
+    fence.spec.holders.insert(DEPLOY_LEASE.to_owned(), other.clone());
     fences.replace(DEPLOY_LEASE, &PostParams::default(), &fence).await.unwrap();
     let (passed, lines) = preflight();
     assert!(!passed, "{lines}");

@@ -232,35 +232,47 @@ async fn three_shards_reconcile_each_foo_exactly_once_a_relabelled_foo_moves_and
 }
 
 #[test]
-fn the_shards_example_binds_each_shards_fence_to_the_lease_its_selector_names() {
+fn the_shards_example_fences_every_shards_leader_through_one_leaderfence_and_confines_them_with_the_shard_label() {
     let built = kubectl_ok(&["kustomize", "artifacts/shards"]);
     let objects: Vec<serde_json::Value> =
         built.split("\n---\n").map(|doc| serde_saphyr::from_str(doc).expect("a YAML document")).collect();
     let of_kind = |kind: &'static str| objects.iter().filter(move |o| o["kind"] == kind);
-    let fence_bindings = of_kind("ValidatingAdmissionPolicyBinding")
-        .filter(|b| b["spec"]["policyName"] == sample_controller::testing::api::FENCE_POLICY);
-    let fenced: BTreeSet<String> =
-        fence_bindings.map(|b| b["spec"]["paramRef"]["name"].as_str().unwrap().to_owned()).collect();
+    // One fence binding, reading the one LeaderFence every shard's leader
+    // names itself in: named after --leader-election-id, which no shard
+    // changes.
+    let fence_bindings: Vec<_> = of_kind("ValidatingAdmissionPolicyBinding")
+        .filter(|b| b["spec"]["policyName"] == sample_controller::testing::api::FENCE_POLICY)
+        .collect();
+    assert_eq!(fence_bindings.len(), 1, "one fence binding for the three shards");
+    assert_eq!(fence_bindings[0]["spec"]["paramRef"]["name"], "sample-controller");
     let mut leases = BTreeSet::new();
+    let mut keys = BTreeSet::new();
     for d in of_kind("Deployment") {
         let args = d["spec"]["template"]["spec"]["containers"][0]["args"].as_array().unwrap();
-        let selector = args
-            .iter()
-            .find_map(|a| a.as_str()?.strip_prefix("--shard-selector="))
+        let arg = |prefix: &str| args.iter().find_map(|a| a.as_str()?.strip_prefix(prefix).map(str::to_owned));
+        assert_eq!(arg("--leader-election-id="), None, "a shard that names its LeaderFence otherwise is not fenced");
+        let selector = arg("--shard-selector=")
             .unwrap_or_else(|| panic!("Deployment {} has no --shard-selector", d["metadata"]["name"]));
-        leases.insert(Shard::parse(selector).unwrap().lease_name("sample-controller").unwrap());
+        let shard = Shard::parse(&selector).unwrap();
+        keys.extend(shard.keys().map(str::to_owned));
+        leases.insert(shard.lease_name("sample-controller").unwrap());
     }
     assert_eq!(leases.len(), 3, "three shards, three Leases");
-    assert_eq!(fenced, leases, "each shard's fence binding names its Lease");
+    // The confinement admits the label the shards' Deployments follow.
+    let confinement = of_kind("ValidatingAdmissionPolicy")
+        .find(|p| p["metadata"]["name"] == sample_controller::CONFINEMENT_POLICY)
+        .expect("the confinement");
+    assert_eq!(confinement["spec"]["variables"][0]["name"], "followedLabelKeys");
+    let followed: Vec<String> =
+        serde_json::from_str(confinement["spec"]["variables"][0]["expression"].as_str().unwrap()).unwrap();
+    assert_eq!(keys, followed.into_iter().collect(), "the label keys the selectors name");
     // No two shards' pods are selected by the same Deployment or budget.
     let selectors: BTreeSet<String> = of_kind("Deployment")
         .chain(of_kind("PodDisruptionBudget"))
         .map(|o| format!("{}{}", o["kind"], o["spec"]["selector"]))
         .collect();
     assert_eq!(selectors.len(), 6);
-    // The fence's policy and the ServiceAccount's confinement, with its one
-    // binding (it takes no parameter): shared.
     assert_eq!(of_kind("ValidatingAdmissionPolicy").count(), 2, "one fence policy and one confinement, shared");
-    assert_eq!(of_kind("ValidatingAdmissionPolicyBinding").count(), 4, "a fence binding per shard, one confinement's");
+    assert_eq!(of_kind("ValidatingAdmissionPolicyBinding").count(), 2, "the fence's binding and the confinement's");
     assert_eq!(of_kind("Namespace").count(), 1);
 }

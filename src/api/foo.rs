@@ -74,9 +74,15 @@ pub struct FooSpec {
     /// Deployment's own replicas are left alone (the API server defaults a
     /// new Deployment to 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(range(min = 1, max = 10))]
+    #[schemars(range(min = REPLICAS_MIN, max = REPLICAS_MAX))]
     pub replicas: Option<i32>,
 }
+
+/// The bounds of `spec.replicas`, which the API server checks (the CRD's
+/// schema) and which also bound what the operator's ServiceAccount may
+/// give a Deployment (its confinement, [`crate::api::confinement`]).
+pub(crate) const REPLICAS_MIN: i32 = 1;
+pub(crate) const REPLICAS_MAX: i32 = 10;
 
 /// The API server's default replicas for a Deployment that sets none:
 /// what a Foo without `spec.replicas` gets, and what an unset field reads as.

@@ -93,6 +93,11 @@ impl Shard {
         }
     }
 
+    /// The label keys the Deployments follow.
+    pub fn keys(&self) -> impl Iterator<Item = &str> {
+        self.keys.iter().map(String::as_str)
+    }
+
     /// True when a label with this key is one the Deployments follow.
     pub(crate) fn is_followed(&self, key: &str) -> bool {
         self.keys.contains(key)

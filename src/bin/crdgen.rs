@@ -1,13 +1,15 @@
 //! Print a CustomResourceDefinition as YAML: the Foo's (`cargo run --bin
 //! crdgen`, crds/), or with `leader-fence` the LeaderFence's, the leader
-//! fence's parameter (deploy/11-leader-fence-crd.yaml).
+//! fence's parameter (deploy/11-leader-fence-crd.yaml); or, with
+//! `deployment-writes-policy`, the admission policy that confines the
+//! operator's ServiceAccount (deploy/13-deployment-writes-policy.yaml).
 
 #![warn(clippy::too_many_lines)]
 
 use std::collections::BTreeMap;
 
 use kube::CustomResourceExt;
-use sample_controller::{Foo, LeaderFence};
+use sample_controller::{Foo, LeaderFence, confinement_policy_file};
 
 /// The labels Kubernetes recommends, as every object of deploy/ has them.
 fn deploy_labels(component: &str) -> BTreeMap<String, String> {
@@ -25,6 +27,17 @@ fn deploy_labels(component: &str) -> BTreeMap<String, String> {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some("deployment-writes-policy") {
+        let labels = serde_json::to_value(deploy_labels("confinement")).unwrap_or_default();
+        match confinement_policy_file(labels) {
+            Ok(file) => print!("{file}"),
+            Err(e) => {
+                eprintln!("crdgen: {e}");
+                std::process::exit(1);
+            }
+        }
+        return;
+    }
     let crd = match std::env::args().nth(1).as_deref() {
         None => Foo::crd(),
         Some("leader-fence") => {
@@ -34,7 +47,7 @@ fn main() {
             crd
         }
         Some(other) => {
-            eprintln!("crdgen: unknown CRD {other:?}; usage: crdgen [leader-fence]");
+            eprintln!("crdgen: unknown CRD {other:?}; usage: crdgen [leader-fence | deployment-writes-policy]");
             std::process::exit(2);
         }
     };

@@ -14,7 +14,9 @@
 //! cause (`watchdog`): `sample_controller_unsynced_foos`,
 //! `sample_controller_unsynced_foo_oldest_seconds`,
 //! `sample_controller_leader_fence_refused_seconds` and
-//! `sample_controller_leader_fence{state}`; and
+//! `sample_controller_leader_fence{state}`; whether the API server confines
+//! the ServiceAccount, `sample_controller_confinement{state}`
+//! (`confinement_probe`); and
 //! `sample_controller_metrics_auth_throttled_total`, the scrapes refused
 //! with 429 because the token reviews were over their limit.
 
@@ -71,8 +73,9 @@ struct LeaseLabels {
     name: String,
 }
 
+/// The `state` of a gauge that is 1 for the state it is in.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct FenceLabels {
+struct StateLabels {
     state: &'static str,
 }
 
@@ -114,7 +117,8 @@ pub struct Metrics {
     unsynced_foos: Gauge,
     unsynced_oldest: Gauge,
     fence_refused: Gauge,
-    fence_state: Family<FenceLabels, Gauge>,
+    fence_state: Family<StateLabels, Gauge>,
+    confinement: Family<StateLabels, Gauge>,
     metrics_auth_throttled: Counter,
     /// The reconcile queue, as client-go's workqueue metrics.
     pub queue: Arc<QueueMetrics>,
@@ -146,6 +150,7 @@ impl Metrics {
             unsynced_oldest: Gauge::default(),
             fence_refused: Gauge::default(),
             fence_state: Family::default(),
+            confinement: Family::default(),
             metrics_auth_throttled: Counter::default(),
             queue: Arc::default(),
             rest_requests: Family::default(),
@@ -248,6 +253,11 @@ impl Metrics {
             self.fence_state.clone(),
         );
         r.register(
+            "sample_controller_confinement",
+            "Whether the API server confines the operator's ServiceAccount to the Deployment writes it makes, as the leader's last dry runs found: 1 for its state, enforced, open (a write it must refuse was admitted), refuses_own_writes (the operator's own create was refused) or unknown (the dry runs failed); all 0 on a standby or before the first check",
+            self.confinement.clone(),
+        );
+        r.register(
             "sample_controller_metrics_auth_throttled",
             "Scrapes of the secure metrics refused with 429: a token not yet reviewed while the token reviews were over their limit",
             self.metrics_auth_throttled.clone(),
@@ -332,7 +342,15 @@ impl Metrics {
     /// [`FENCE_STATES`]), 0 for the others (all 0 on a standby).
     pub(crate) fn set_fence_state(&self, state: &str) {
         for each in FENCE_STATES {
-            self.fence_state.get_or_create(&FenceLabels { state: each }).set(i64::from(each == state));
+            self.fence_state.get_or_create(&StateLabels { state: each }).set(i64::from(each == state));
+        }
+    }
+
+    /// What the leader's last probe of the ServiceAccount's confinement
+    /// found: 1 for `state` (one of `labels`), 0 for the others.
+    pub(crate) fn set_confinement(&self, state: &str, labels: &[&'static str]) {
+        for each in labels {
+            self.confinement.get_or_create(&StateLabels { state: each }).set(i64::from(*each == state));
         }
     }
 

@@ -8,7 +8,12 @@
 //!   (SubjectAccessReviews, which the operator's own ClusterRole allows);
 //! - whether the API server serves streaming lists (`--streaming-lists`);
 //! - whether the API server's leader fence follows the Lease: its policy
-//!   reads a LeaderFence, and the LeaderFence names the Lease's holder.
+//!   reads a LeaderFence, its binding the operator's, and that names the
+//!   Lease's holder;
+//! - whether the API server confines the ServiceAccount: the probe the
+//!   leader runs ([`confinement_probe`]), as the ServiceAccount
+//!   (impersonated: the user running the check needs `impersonate`, as a
+//!   cluster admin has).
 
 use std::fmt;
 use std::time::Duration;
@@ -25,18 +30,24 @@ use serde_json::Value;
 use crate::api::constants::FENCE_POLICY;
 use crate::api::foo::Foo;
 use crate::api::leader_fence::LeaderFence;
+use crate::api::shard::Shard;
+use crate::client;
+use crate::ops::confinement_probe;
 
 /// The Kubernetes minors this release supports (docs/install.md, "Supported
 /// Kubernetes versions").
 pub(crate) const SUPPORTED_MINORS: std::ops::RangeInclusive<u32> = 35..=37;
 
 /// Where the check looks: the operator's ServiceAccount, the namespace it
-/// watches (`None`: all), and its Lease.
+/// watches (`None`: all), its Lease and its LeaderFence (in the Lease's
+/// namespace), and the shard whose Deployments the confinement must admit.
 #[derive(Clone, Debug)]
 pub(crate) struct Scope {
     pub(crate) service_account: (String, String),
     pub(crate) namespace: Option<String>,
     pub(crate) lease: (String, String),
+    pub(crate) fence: String,
+    pub(crate) shard: Shard,
 }
 
 /// What one check found.
@@ -60,14 +71,16 @@ fn finding(name: &'static str, result: Result<String, String>) -> Finding {
     }
 }
 
-/// Every check, in order; each runs whatever the others found.
-pub(crate) async fn run(client: &Client, scope: &Scope) -> Vec<Finding> {
+/// Every check, in order; each runs whatever the others found. `config`
+/// is the client's, for the one check made as the ServiceAccount.
+pub(crate) async fn run(client: &Client, config: &kube::Config, scope: &Scope) -> Vec<Finding> {
     vec![
         finding("Kubernetes version", version(client).await),
         finding("Foo CRD", crd(client).await),
         finding("RBAC", rbac(client, scope).await),
         finding("streaming lists", streaming_lists(client, scope).await),
         finding("leader fence", fence(client, scope).await),
+        finding("confinement", confinement(client, config, scope).await),
     ]
 }
 
@@ -242,19 +255,26 @@ fn not_served(why: &str) -> String {
     )
 }
 
-async fn fence(client: &Client, scope: &Scope) -> Result<String, String> {
-    let policies: Api<ValidatingAdmissionPolicy> = Api::all(client.clone());
+/// The fence's binding, found by what its policy reads, not by name (an
+/// overlay may prefix or suffix them); `Err` with what to say when there is
+/// none, and an error when the fence is broken.
+async fn fence_binding(client: &Client) -> Result<Result<ValidatingAdmissionPolicyBinding, &'static str>, String> {
     let read = |e: kube::Error| format!("cannot read the fence: {e}");
-    let Some(policy) = policies.get_opt(FENCE_POLICY).await.map_err(read)? else {
-        return Ok("not installed (the operator's own fence stands alone)".into());
+    let policies =
+        Api::<ValidatingAdmissionPolicy>::all(client.clone()).list(&Default::default()).await.map_err(read)?;
+    let Some(policy) =
+        policies.items.into_iter().find(|p| p.metadata.name.as_deref().is_some_and(|n| n.contains(FENCE_POLICY)))
+    else {
+        return Ok(Err("not installed (the operator's own fence stands alone)"));
     };
+    let policy_name = policy.metadata.name.clone().unwrap_or_default();
     let kind = policy.spec.as_ref().and_then(|s| s.param_kind.as_ref());
     let (api_version, kind) = kind
         .map(|k| (k.api_version.clone().unwrap_or_default(), k.kind.clone().unwrap_or_default()))
         .unwrap_or_default();
     if api_version != LeaderFence::api_version(&()) || kind != LeaderFence::kind(&()) {
         return Err(format!(
-            "its policy reads a {kind} ({api_version}), which the API server stops reading once a binding goes (Kubernetes issue 130887): kubectl apply -f deploy/"
+            "its policy {policy_name} reads a {kind} ({api_version}), which the API server stops reading once a binding goes (Kubernetes issue 130887): kubectl apply -f deploy/"
         ));
     }
     let crd = LeaderFence::crd().metadata.name.unwrap_or_default();
@@ -264,23 +284,76 @@ async fn fence(client: &Client, scope: &Scope) -> Result<String, String> {
             "its parameter's CRD {crd} is missing, so the policy fails open: kubectl apply -f deploy/"
         ));
     }
-    let bindings: Api<ValidatingAdmissionPolicyBinding> = Api::all(client.clone());
-    if bindings.get_opt(FENCE_POLICY).await.map_err(read)?.is_none() {
-        return Ok("installed, but off: no binding (as in one-replica mode)".into());
+    let bindings =
+        Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()).list(&Default::default()).await.map_err(read)?;
+    let Some(binding) = bindings
+        .items
+        .into_iter()
+        .find(|b| b.spec.as_ref().and_then(|s| s.policy_name.as_deref()) == Some(&policy_name))
+    else {
+        return Ok(Err("installed, but off: no binding (as in one-replica mode)"));
+    };
+    Ok(Ok(binding))
+}
+
+async fn fence(client: &Client, scope: &Scope) -> Result<String, String> {
+    let binding = match fence_binding(client).await? {
+        Err(state) => return Ok(state.into()),
+        Ok(binding) => binding,
+    };
+    let (ns, lease_name) = &scope.lease;
+    let param = binding.spec.as_ref().and_then(|s| s.param_ref.as_ref());
+    let reads = param.map(|p| (p.namespace.clone().unwrap_or_default(), p.name.clone().unwrap_or_default()));
+    if reads.as_ref() != Some(&(ns.clone(), scope.fence.clone())) {
+        let (pns, pname) = reads.unwrap_or_default();
+        return Err(format!(
+            "its binding {} reads the LeaderFence {pns}/{pname}, but the operator writes {ns}/{}: every write is admitted or refused by the wrong one; set the binding's paramRef (docs/install.md)",
+            binding.metadata.name.unwrap_or_default(),
+            scope.fence
+        ));
     }
-    let (ns, name) = &scope.lease;
-    let lease = Api::<Lease>::namespaced(client.clone(), ns).get_opt(name).await.map_err(read)?;
+    let read = |e: kube::Error| format!("cannot read the Lease {ns}/{lease_name}: {e}");
+    let lease = Api::<Lease>::namespaced(client.clone(), ns).get_opt(lease_name).await.map_err(read)?;
     let holder = lease.and_then(|l| l.spec?.holder_identity).filter(|h| !h.is_empty());
     let fences: Api<LeaderFence> = Api::namespaced(client.clone(), ns);
-    let named = fences.get_opt(name).await.map_err(|e| format!("cannot read the LeaderFence {ns}/{name}: {e}"))?;
-    let named = named.as_ref().and_then(LeaderFence::holder).map(str::to_owned);
+    let fence_name = &scope.fence;
+    let fence =
+        fences.get_opt(fence_name).await.map_err(|e| format!("cannot read the LeaderFence {ns}/{fence_name}: {e}"))?;
+    let named = fence.as_ref().and_then(|f| f.holder(lease_name)).map(str::to_owned);
     match (holder, named) {
-        (None, _) => Ok(format!("on; no replica holds the Lease {ns}/{name}")),
-        (Some(h), Some(f)) if h == f => Ok(format!("on, and follows the Lease {ns}/{name}: both name {h}")),
+        (None, _) => Ok(format!("on; no replica holds the Lease {ns}/{lease_name}")),
+        (Some(h), Some(f)) if h == f => Ok(format!("on, and follows the Lease {ns}/{lease_name}: both name {h}")),
         (Some(h), f) => Err(format!(
-            "the Lease {ns}/{name} names {h}, but its LeaderFence names {}: the leader's writes are refused; its log says why (docs/operations.md, \"The leader fence refuses writes\")",
+            "the Lease {ns}/{lease_name} names {h}, but the LeaderFence {fence_name} names {} for it: the leader's writes are refused; its log says why (docs/operations.md, \"The leader fence refuses writes\")",
             f.as_deref().unwrap_or("nobody")
         )),
+    }
+}
+
+/// The leader's probe, as the ServiceAccount, from the pod that holds the
+/// Lease (so that the leader fence admits it; with no holder, the fence
+/// may refuse the create the confinement must admit).
+async fn confinement(client: &Client, config: &kube::Config, scope: &Scope) -> Result<String, String> {
+    let (sa_ns, sa) = &scope.service_account;
+    let (lease_ns, lease_name) = &scope.lease;
+    let lease = Api::<Lease>::namespaced(client.clone(), lease_ns).get_opt(lease_name).await.ok().flatten();
+    let holder = lease.and_then(|l| l.spec?.holder_identity).filter(|h| !h.is_empty());
+    let pod = holder.as_deref().and_then(|h| h.split_once('_')).map(|(pod, _)| pod.to_owned());
+    let mut config = config.clone();
+    config.auth_info.impersonate = Some(format!("system:serviceaccount:{sa_ns}:{sa}"));
+    config.auth_info.impersonate_groups = Some(vec![
+        "system:serviceaccounts".into(),
+        format!("system:serviceaccounts:{sa_ns}"),
+        "system:authenticated".into(),
+    ]);
+    config.auth_info.impersonate_user_extra =
+        pod.map(|pod| [("authentication.kubernetes.io/pod-name".to_owned(), vec![pod])].into());
+    let impersonating = client::build(config, Default::default()).map_err(|e| format!("cannot tell: {e}"))?;
+    let namespace = scope.namespace.clone().unwrap_or_else(|| sa_ns.clone());
+    let api = Api::namespaced(impersonating, &namespace);
+    match confinement_probe::probe(&api, &namespace, &scope.shard).await {
+        confinement_probe::State::Enforced => Ok(format!("enforced for {sa_ns}:{sa} in {namespace}")),
+        state => Err(state.describe()),
     }
 }
 

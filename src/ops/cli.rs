@@ -147,6 +147,12 @@ pub struct Cli {
     #[arg(long, env = "SAMPLE_CONTROLLER_LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
     pub(crate) leader_elect_retry_period: Duration,
 
+    /// How often the leader checks, by two server-side dry runs, that the API server confines its
+    /// ServiceAccount to the Deployment writes the operator makes (deploy/'s admission policy);
+    /// "0" checks only at start.
+    #[arg(long, env = "SAMPLE_CONTROLLER_CONFINEMENT_CHECK_PERIOD", default_value = "5m", value_parser = parse_duration)]
+    pub(crate) confinement_check_period: Duration,
+
     /// Log format.
     #[arg(long, env = "SAMPLE_CONTROLLER_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,

@@ -25,6 +25,9 @@ pub struct Audited {
     pub name: Option<String>,
     /// The HTTP status of the answer (none for a watch that only started).
     pub code: Option<u16>,
+    /// A server-side dry run (`dryRun=All`): admitted or refused, nothing
+    /// written.
+    pub dry_run: bool,
 }
 
 /// The requests clients whose User-Agent starts with `user_agent` made in
@@ -66,6 +69,7 @@ fn records(user_agent: &str, namespace: &str, user: &str) -> Vec<Audited> {
                 subresource: text(&e["subresource"]),
                 name: text(&e["name"]),
                 code: e["code"].as_u64().and_then(|c| u16::try_from(c).ok()),
+                dry_run: e["dry_run"].as_bool().unwrap_or(false),
             }
         })
         .collect()

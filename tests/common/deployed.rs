@@ -18,7 +18,8 @@ use super::{Operator, TIMEOUT, admin_client, kubeconfig_variant, kubectl, kubect
 use super::{lease_args, wait_until};
 
 /// deploy/'s namespace, ServiceAccount and the Lease its `--leader-elect`
-/// contends for (the one the fence reads).
+/// contends for (named after `--leader-election-id`, as the LeaderFence the
+/// fence reads, which names its holder under the Lease's name).
 pub const DEPLOY_NS: &str = "sample-controller";
 pub const DEPLOY_SA: &str = "sample-controller";
 pub const DEPLOY_LEASE: &str = "sample-controller";
@@ -95,10 +96,15 @@ pub async fn pod_client(pod: &Pod) -> kube::Client {
 /// tests' short Lease timings, and watching only `ns`, so that Foos other
 /// tests left elsewhere do not slow it.
 pub async fn spawn_replica(ns: &str, pod: &Pod, lease_duration: Duration) -> Operator {
+    spawn_replica_with(ns, pod, lease_duration, &[]).await
+}
+
+/// [`spawn_replica`], with flags of its own besides.
+pub async fn spawn_replica_with(ns: &str, pod: &Pod, lease_duration: Duration, extra: &[&str]) -> Operator {
     let name = pod.name_any();
     let kubeconfig = token_kubeconfig(&format!("replica-{name}"), &pod_bound_token(pod).await);
     let args = lease_args(DEPLOY_NS, DEPLOY_LEASE, lease_duration);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).chain(extra.iter().copied()).collect();
     let mut cmd = operator_command(ns, &kubeconfig, &args);
     cmd.env(POD_NAME_ENV, &name);
     start_logged(cmd, &format!("{ns}-{name}")).await
@@ -125,6 +131,12 @@ impl Drop for FreshLease {
 fn delete_deploy_lease() {
     kubectl(&["delete", "lease", DEPLOY_LEASE, "-n", DEPLOY_NS, "--ignore-not-found"]);
     kubectl(&["delete", "leaderfences.samplecontroller.k8s.io", DEPLOY_LEASE, "-n", DEPLOY_NS, "--ignore-not-found"]);
+}
+
+/// deploy/'s LeaderFence's spec naming `holder` as the leader of deploy/'s
+/// Lease, as its leader writes it.
+pub fn naming_leader(holder: &str) -> sample_controller::LeaderFenceSpec {
+    sample_controller::LeaderFenceSpec { holders: [(DEPLOY_LEASE.to_owned(), holder.to_owned())].into() }
 }
 
 /// `kubectl apply -f` of a file of deploy/ when dropped: what a test

@@ -18,13 +18,28 @@ use crate::gate::WriteGate;
 use crate::timing::{LeaseVerdict, TimingError, check_timing, lease_verdict};
 use crate::watch::{DefaultBackoff, Watches, states};
 
+/// The API server's fence: the custom resource its policy reads the
+/// leaders from (its CRD and policy: the crate's README), and the one object
+/// of it, in the Lease's namespace, where each leader names itself under
+/// its Lease's name (`spec.holders`). Several Leases fenced together (the
+/// shards of one operator) share it, so that the policy admits the holder
+/// of any of them and nobody else.
+#[derive(Clone, Debug)]
+pub struct Fence {
+    /// The custom resource.
+    pub resource: ApiResource,
+    /// The object's name.
+    pub name: String,
+}
+
 /// The Lease contended for, the candidate's identity and timing, and the
 /// API server's fence.
 #[derive(Clone, Debug)]
 pub struct LeaderConfig {
-    /// The Lease's name; the fence's parameter object has the same name.
+    /// The Lease's name: the key under which the fence's object names its
+    /// holder.
     pub lease_name: String,
-    /// The namespace of the Lease and of the fence's parameter object.
+    /// The namespace of the Lease and of the fence's object.
     pub namespace: String,
     /// Unique per process: see [`default_identity`](crate::default_identity).
     pub identity: String,
@@ -38,9 +53,8 @@ pub struct LeaderConfig {
     pub retry_period: Duration,
     /// The field manager of the elector's writes.
     pub field_manager: String,
-    /// The custom resource the API server's fence reads the leader from
-    /// (its CRD and policy: the crate's README), or `None` for no fence.
-    pub fence: Option<ApiResource>,
+    /// The API server's fence, or `None` for none.
+    pub fence: Option<Fence>,
     /// The longest the user's writes wait between retries (a workqueue's
     /// backoff cap): a refusal by the fence not repeated for longer than
     /// this and a lease duration is over.
@@ -104,7 +118,7 @@ impl<W: Watches> Elector<W> {
     /// timing is one [`check_timing`] refuses.
     pub fn with_watches(client: Client, cfg: LeaderConfig, watches: W) -> Result<Self, TimingError> {
         check_timing(cfg.lease_duration, cfg.renew_deadline, cfg.retry_period)?;
-        let fences = cfg.fence.as_ref().map(|r| Api::namespaced_with(client.clone(), &cfg.namespace, r));
+        let fences = cfg.fence.as_ref().map(|f| Api::namespaced_with(client.clone(), &cfg.namespace, &f.resource));
         Ok(Elector {
             api: Api::namespaced(client, &cfg.namespace),
             fences,

@@ -1,10 +1,10 @@
-//! The API server's fence: a custom resource of the user's, one object per
-//! Lease, of its name, that names the replica that leads; a
-//! ValidatingAdmissionPolicy of the user's refuses the writes of any other
-//! replica (the crate's README has both, as templates). A new leader names
-//! itself in it, conditionally on the resourceVersion it read, before its
-//! first write; the leader watches it and claims it again when it is
-//! deleted or edited.
+//! The API server's fence: one object of a custom resource of the user's
+//! that names, under each Lease's name, the replica that leads it
+//! (`spec.holders`); a ValidatingAdmissionPolicy of the user's refuses the
+//! writes of any pod it does not name (the crate's README has both, as
+//! templates). A new leader names itself in it, conditionally on the
+//! resourceVersion it read, before its first write; the leader watches it
+//! and claims it again when its name is deleted or edited there.
 
 use std::time::Instant;
 
@@ -48,11 +48,16 @@ impl FenceState {
     }
 }
 
-/// The holder a fence's object names (`spec.holderIdentity`); empty counts
-/// as none.
-pub fn fence_holder(fence: &DynamicObject) -> Option<&str> {
-    fence.data.get("spec")?.get("holderIdentity")?.as_str().filter(|h| !h.is_empty())
+/// The holder a fence's object names for the Lease `lease`
+/// (`spec.holders.<lease>`); empty counts as none.
+pub fn fence_holder<'a>(fence: &'a DynamicObject, lease: &str) -> Option<&'a str> {
+    fence.data.get("spec")?.get("holders")?.get(lease)?.as_str().filter(|h| !h.is_empty())
 }
+
+/// How often a claim or a release is tried again at once after a Conflict:
+/// the object is shared by every Lease fenced together, so another leader's
+/// write of its own name is the usual cause, and reading again is enough.
+const CONFLICT_RETRIES: usize = 3;
 
 /// True when the API server answered that it serves no objects of the fence's kind at all
 /// (no CRD installed), not
@@ -75,8 +80,8 @@ impl<W: Watches> Elector<W> {
         let Some(api) = self.fences.clone().filter(|_| !matches!(self.claim, Claim::NoFence)) else {
             return futures::stream::pending().boxed();
         };
-        let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
-        fence_states(&self.watches, api, wc).boxed()
+        let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.fence_name()));
+        fence_states(&self.watches, api, wc, self.cfg.lease_name.clone()).boxed()
     }
 
     /// What the fence watch reports, while leading: a LeaderFence that no
@@ -85,14 +90,14 @@ impl<W: Watches> Elector<W> {
     /// period; one whose CRD was deleted, once the CRD is served again.
     /// Until then the gauge says the fence is open.
     pub(crate) fn saw_fence(&mut self, seen: FenceSeen) {
-        let (name, kind) = (&self.cfg.lease_name, self.kind());
+        let (name, kind) = (&self.fence_name(), self.kind());
         match (&self.claim, seen) {
             (Claim::Written(_), FenceSeen::Names(Some(h))) if h == self.cfg.identity => return,
             (Claim::Written(_), FenceSeen::Names(Some(other))) => {
                 warn!(fence = %name, holder = %other, "the {kind} names another replica; claiming it again at the next renewal")
             }
             (Claim::Written(_), FenceSeen::Names(None)) => {
-                warn!(fence = %name, "the {kind} was deleted or released; claiming it again at the next renewal")
+                warn!(fence = %name, "the {kind} was deleted, or no longer names this Lease's holder; claiming it again at the next renewal")
             }
             (Claim::Written(_), FenceSeen::NoKind) => {
                 warn!(fence = %name, "the {kind} CRD was deleted: the API server's fence is open until it is installed again")
@@ -109,7 +114,12 @@ impl<W: Watches> Elector<W> {
 
     /// The fence's kind, as its user configured it, for the log.
     fn kind(&self) -> String {
-        self.cfg.fence.as_ref().map_or_else(|| "fence".to_owned(), |resource| resource.kind.clone())
+        self.cfg.fence.as_ref().map_or_else(|| "fence".to_owned(), |fence| fence.resource.kind.clone())
+    }
+
+    /// The fence's object's name.
+    fn fence_name(&self) -> String {
+        self.cfg.fence.as_ref().map_or_else(String::new, |fence| fence.name.clone())
     }
 
     /// Claim the fence at the next renewal, if there is one to claim.
@@ -122,15 +132,27 @@ impl<W: Watches> Elector<W> {
     }
 
     /// The fence's object `current` (as read, with its resourceVersion,
-    /// which makes a write of the result conditional), or a new one of the
-    /// Lease's name, naming `holder`.
+    /// which makes a write of the result conditional), or a new one, naming
+    /// `holder` under the Lease's name (`None`: naming nobody there); what
+    /// it names for other Leases is kept.
     fn naming(&self, current: Option<DynamicObject>, holder: Option<&str>) -> DynamicObject {
-        let resource = self.cfg.fence.clone().unwrap_or_else(|| ApiResource::erase::<Lease>(&()));
-        let mut fence = current.unwrap_or_else(|| DynamicObject::new(&self.cfg.lease_name, &resource));
-        fence.data["spec"] = match holder {
-            Some(holder) => serde_json::json!({ "holderIdentity": holder }),
-            None => serde_json::json!({}),
-        };
+        let resource = self.cfg.fence.as_ref().map_or_else(|| ApiResource::erase::<Lease>(&()), |f| f.resource.clone());
+        let mut fence = current.unwrap_or_else(|| DynamicObject::new(&self.fence_name(), &resource));
+        if !fence.data["spec"].is_object() {
+            fence.data["spec"] = serde_json::json!({});
+        }
+        if !fence.data["spec"]["holders"].is_object() {
+            fence.data["spec"]["holders"] = serde_json::json!({});
+        }
+        let holders = &mut fence.data["spec"]["holders"];
+        match holder {
+            Some(holder) => holders[&self.cfg.lease_name] = holder.into(),
+            None => {
+                if let Some(map) = holders.as_object_mut() {
+                    map.remove(&self.cfg.lease_name);
+                }
+            }
+        }
         fence
     }
 
@@ -166,7 +188,7 @@ impl<W: Watches> Elector<W> {
             self.no_fence();
             return true;
         };
-        let (name, kind) = (self.cfg.lease_name.clone(), self.kind());
+        let (name, kind) = (self.fence_name(), self.kind());
         let left = self.cfg.renew_deadline.saturating_sub(attempt.elapsed());
         let Ok(outcome) = tokio::time::timeout(left, self.write_claim(&api, &name)).await else {
             warn!(fence = %name, "claiming the {kind} took past the renew deadline; claiming again at the next renewal");
@@ -211,29 +233,57 @@ impl<W: Watches> Elector<W> {
         self.gate.set_state(state);
     }
 
-    /// The LeaderFence read, then written naming this replica: replaced
-    /// from the copy read (conditional on its resourceVersion), or created.
+    /// The fence's object read, then written naming this replica under
+    /// its Lease: replaced from the copy read (conditional on its
+    /// resourceVersion), or created. Read and written again at once after
+    /// a Conflict (another Lease's leader wrote its own name meanwhile),
+    /// a few times: this replica holds the Lease, so nobody else may name
+    /// itself under it.
     async fn write_claim(&self, api: &Api<DynamicObject>, name: &str) -> Result<DynamicObject, kube::Error> {
-        let current = api.get_opt(name).await?;
-        let exists = current.is_some();
-        let ours = self.naming(current, Some(&self.cfg.identity));
-        let params = self.post_params();
-        if exists { api.replace(name, &params, &ours).await } else { api.create(&params, &ours).await }
+        let mut tries = 0;
+        loop {
+            let current = api.get_opt(name).await?;
+            let exists = current.is_some();
+            let ours = self.naming(current, Some(&self.cfg.identity));
+            let params = self.post_params();
+            let written =
+                if exists { api.replace(name, &params, &ours).await } else { api.create(&params, &ours).await };
+            match written {
+                Err(kube::Error::Api(s)) if (s.is_conflict() || s.is_already_exists()) && tries < CONFLICT_RETRIES => {
+                    tries += 1;
+                }
+                written => return written,
+            }
+        }
     }
 
-    /// After a release: the LeaderFence names nobody, as the Lease, unless
-    /// the next leader claimed it already (the write is conditional on our
-    /// claim's resourceVersion). Errors are only logged: the next leader
-    /// claims it anyway.
+    /// After a release: the fence's object names nobody under this Lease,
+    /// as the Lease, unless the next leader claimed it already (each write
+    /// is conditional on the copy it is made from, which must still name
+    /// this replica). Errors are only logged: the next leader claims it
+    /// anyway.
     pub(crate) async fn release_fence(&mut self) {
         let Claim::Written(ours) = std::mem::replace(&mut self.claim, Claim::Pending) else { return };
-        let Some(api) = &self.fences else { return };
-        let released = self.naming(Some(*ours), None);
-        let params = self.post_params();
-        match api.replace(&self.cfg.lease_name, &params, &released).await {
-            Ok(_) => debug!(fence = %self.cfg.lease_name, "leader fence released"),
-            Err(e) => {
-                debug!(fence = %self.cfg.lease_name, error = %e, "leader fence not released (claimed since, or gone)")
+        let Some(api) = self.fences.clone() else { return };
+        let name = self.fence_name();
+        let mut current = Some(*ours);
+        for _ in 0..=CONFLICT_RETRIES {
+            let Some(copy) = current.take() else { break };
+            if fence_holder(&copy, &self.cfg.lease_name) != Some(self.cfg.identity.as_str()) {
+                debug!(fence = %name, "leader fence not released: claimed since");
+                return;
+            }
+            let released = self.naming(Some(copy), None);
+            match api.replace(&name, &self.post_params(), &released).await {
+                Ok(_) => {
+                    debug!(fence = %name, "leader fence released");
+                    return;
+                }
+                Err(kube::Error::Api(s)) if s.is_conflict() => current = api.get_opt(&name).await.ok().flatten(),
+                Err(e) => {
+                    debug!(fence = %name, error = %e, "leader fence not released (gone, or the API server failed)");
+                    return;
+                }
             }
         }
     }
@@ -258,16 +308,19 @@ pub(crate) enum FenceSeen {
     NoKind,
 }
 
-/// The fence's object as the watch sees it ([`states`]); errors other than a
-/// missing CRD only logged.
+/// What the fence's object names under `lease`, as the watch sees it
+/// ([`states`]); errors other than a missing CRD only logged.
 fn fence_states<W: Watches>(
     watches: &W,
     api: Api<DynamicObject>,
     wc: watcher::Config,
+    lease: String,
 ) -> impl Stream<Item = FenceSeen> + use<W> {
-    states(watches, api, wc).filter_map(|state| {
+    states(watches, api, wc).filter_map(move |state| {
         std::future::ready(match state {
-            Ok(fence) => Some(FenceSeen::Names(fence.as_ref().and_then(fence_holder).map(str::to_owned))),
+            Ok(fence) => {
+                Some(FenceSeen::Names(fence.as_ref().and_then(|f| fence_holder(f, &lease)).map(str::to_owned)))
+            }
             Err(watcher::Error::InitialListFailed(kube::Error::Api(s))) if no_such_kind(&s) => Some(FenceSeen::NoKind),
             Err(e) => {
                 debug!(error = %e, "leader fence watch");
@@ -308,7 +361,10 @@ mod tests {
         assert!(e.claim_fence(Instant::now()).await, "and it asks no more");
         drop(e);
         let paths = server.await.unwrap();
-        assert!(paths.iter().all(|p| p.ends_with("/leaderfences/l") || p.ends_with("/leaderfences")), "{paths:?}");
+        assert!(
+            paths.iter().all(|p| p.ends_with("/leaderfences/install") || p.ends_with("/leaderfences")),
+            "{paths:?}"
+        );
         assert!(!paths.is_empty() && paths.len() <= 2, "one claim's requests, not one per renewal: {paths:?}");
     }
 
@@ -381,23 +437,37 @@ mod tests {
         read.metadata.resource_version = Some("42".into());
         let claimed = e.naming(Some(read), Some("new_2"));
         assert_eq!(claimed.metadata.resource_version.as_deref(), Some("42"));
-        assert_eq!(fence_holder(&claimed), Some("new_2"));
+        assert_eq!(fence_holder(&claimed, "l"), Some("new_2"));
     }
 
     #[tokio::test]
-    async fn a_first_claim_creates_the_fence_of_the_lease_name() {
+    async fn a_first_claim_creates_the_fence_object_naming_the_holder_under_its_lease() {
         let created = Elector::new(dummy_client(), config("me")).unwrap().naming(None, Some("me_1"));
-        assert_eq!(created.metadata.name.as_deref(), Some("l"));
+        assert_eq!(created.metadata.name.as_deref(), Some("install"));
         assert_eq!(created.metadata.resource_version, None);
         assert_eq!((created.types.as_ref().map(|t| t.kind.as_str())), Some("LeaderFence"));
-        assert_eq!(fence_holder(&created), Some("me_1"));
+        assert_eq!(fence_holder(&created, "l"), Some("me_1"));
+        assert_eq!(created.data["spec"]["holders"], serde_json::json!({ "l": "me_1" }));
+    }
+
+    #[tokio::test]
+    async fn a_claim_or_a_release_keeps_what_the_object_names_for_other_leases() {
+        let e = Elector::new(dummy_client(), config("me")).unwrap();
+        let mut shared = e.naming(None, Some("old_1"));
+        shared.data["spec"]["holders"]["shard-b"] = "b-pod_7".into();
+        let claimed = e.naming(Some(shared), Some("me_2"));
+        assert_eq!(claimed.data["spec"]["holders"], serde_json::json!({ "l": "me_2", "shard-b": "b-pod_7" }));
+        let released = e.naming(Some(claimed), None);
+        assert_eq!(released.data["spec"]["holders"], serde_json::json!({ "shard-b": "b-pod_7" }));
+        assert_eq!(fence_holder(&released, "l"), None);
+        assert_eq!(fence_holder(&released, "shard-b"), Some("b-pod_7"));
     }
 
     #[tokio::test]
     async fn a_released_fence_names_nobody() {
         let e = Elector::new(dummy_client(), config("me")).unwrap();
-        assert_eq!(fence_holder(&e.naming(None, None)), None);
+        assert_eq!(fence_holder(&e.naming(None, None), "l"), None);
         let emptied = e.naming(None, Some(""));
-        assert_eq!(fence_holder(&emptied), None, "an empty holder is none, as a released Lease's");
+        assert_eq!(fence_holder(&emptied, "l"), None, "an empty holder is none, as a released Lease's");
     }
 }

@@ -12,7 +12,7 @@ mod identity;
 mod timing;
 mod watch;
 
-pub use elector::{Elector, LeaderConfig, Lost};
+pub use elector::{Elector, Fence, LeaderConfig, Lost};
 pub use fence::{FenceState, fence_holder, no_such_kind};
 pub use gate::{WriteGate, may_write};
 pub use identity::default_identity;
@@ -50,7 +50,7 @@ pub(crate) mod test_support {
             renew_deadline: Duration::from_secs(10),
             retry_period: Duration::from_secs(2),
             field_manager: "test".into(),
-            fence: Some(fence_resource()),
+            fence: Some(crate::Fence { resource: fence_resource(), name: "install".into() }),
             retry_cap: Duration::from_secs(1000),
         }
     }
