@@ -10,7 +10,7 @@ mod http;
 mod process;
 mod tls;
 
-pub use auth::{Access, MetricsAuth, REVIEW_BURST, REVIEWS_PER_SECOND};
+pub use auth::{Access, MetricsAuth, REVIEW_BURST, REVIEWS_PER_SECOND, STALE_FOR};
 pub use http::{
     BindError, Exposition, METRICS_ENDPOINTS, PROBE_ENDPOINTS, Readiness, metrics_router, probes_router,
     secure_metrics_router, serve, serve_tls,
