@@ -40,7 +40,7 @@ const VERB: &str = "get";
 /// How long an answer is reused.
 const ALLOWED_FOR: Duration = Duration::from_secs(60);
 const DENIED_FOR: Duration = Duration::from_secs(10);
-/// How long past [`ALLOWED_FOR`] an allowed answer still stands while its
+/// How long past its minute an allowed answer still stands while its
 /// review again cannot be made (over its limit, or the API server failing):
 /// the longest a revoked scraper may still read the metrics, and how long
 /// Prometheus is answered through a flood or an API server outage.
