@@ -480,15 +480,40 @@ async fn the_operators_service_account_may_not_create_a_foo_deployment_with_host
     }
 }
 
+/// Other users' Deployment writes pass: an admin's (`system:masters`), a
+/// namespace editor's (`edit`), and a ServiceAccount's of another name run
+/// with `edit` there; each changes a Foo's Deployment's template, and
+/// creates and deletes a Deployment of its own.
 #[tokio::test]
 async fn other_users_writes_to_deployments_are_not_confined() {
     let confined = Confined::new("confined-others").await;
     let d = confined.owned().await;
     let template = another_template();
-    let admin: Api<Deployment> = confined.ns.api();
-    admin.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&template)).await.expect("an admin's patch");
-    admin.create(&PostParams::default(), &unowned("theirs")).await.expect("an admin's create");
-    admin.delete("theirs", &DeleteParams::background()).await.expect("an admin's delete");
+    let ns = &confined.ns;
+    ns.kubectl_ok(&["create", "serviceaccount", "builder"]);
+    ns.kubectl_ok(&[
+        "create",
+        "rolebinding",
+        "builder-edit",
+        "--clusterrole=edit",
+        &format!("--serviceaccount={}:builder", ns.name),
+    ]);
+    let users = [
+        ("an admin", ns.client.clone()),
+        ("an edit user", common::tenant::tenant_of(ns).await),
+        ("another ServiceAccount", service_account_client(&ns.name, "builder").await),
+    ];
+    for (who, client) in users {
+        let api: Api<Deployment> = Api::namespaced(client, &ns.name);
+        // RBAC may take a moment to see the new binding.
+        wait_until(&format!("{who}'s patch of a Foo's Deployment"), IN_EFFECT, || async {
+            api.patch(&d.name_any(), &PatchParams::default(), &Patch::Merge(&template)).await.ok()
+        })
+        .await;
+        let theirs = format!("theirs-{}", who.to_lowercase().replace(' ', "-"));
+        api.create(&PostParams::default(), &unowned(&theirs)).await.unwrap_or_else(|e| panic!("{who}'s create: {e}"));
+        api.delete(&theirs, &DeleteParams::background()).await.unwrap_or_else(|e| panic!("{who}'s delete: {e}"));
+    }
 }
 
 #[tokio::test]

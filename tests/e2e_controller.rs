@@ -270,6 +270,19 @@ async fn in_sync_foo_causes_no_writes() {
     let writes: Vec<_> = after[before..].iter().filter(|r| WRITES.contains(&r.verb.as_str())).collect();
     assert!(writes.is_empty(), "an in-sync Foo was written: {writes:?}");
     assert!(after.len() > before, "the restarted controller's lists show in the log");
+    // Nothing is left to come later: no sync asked to run again after a
+    // while, none failed to be retried, none waits or runs.
+    let encoded = restarted.metrics.encode();
+    let value =
+        |series: &str| metric_value(&encoded, series).unwrap_or_else(|| panic!("no series {series}:\n{encoded}"));
+    let later = "controller_runtime_reconcile_total{controller=\"foo\",result=\"requeue_after\"}";
+    assert_eq!(value(later), 0.0, "a sync asked to run again later");
+    assert_eq!(value("controller_runtime_reconcile_errors_total{controller=\"foo\"}"), 0.0, "a sync failed");
+    for priority in ["0", "-100"] {
+        let depth = format!("workqueue_depth{{name=\"foo\",controller=\"foo\",priority=\"{priority}\"}}");
+        assert_eq!(value(&depth), 0.0, "a Foo waits to be synced ({depth})");
+    }
+    assert_eq!(value("controller_runtime_active_workers{controller=\"foo\"}"), 0.0, "a sync runs");
 }
 
 #[tokio::test]

@@ -154,11 +154,28 @@ async fn pod_events_example_under_leader_election_reports_from_the_leader_alone_
     let elect = ["--namespace", ns.name.as_str(), "--leader-elect"];
     let mut first = run_example("pod_events", &elect);
     first.prints_starting("leading as ", TIMEOUT).await;
-    let second = run_example("pod_events", &elect);
+    // The requests to the namespace's Leases and Pods so far (the API
+    // server's audit log: every client's): the leader's.
+    let reads = |resource: &'static str| {
+        let ns = ns.name.clone();
+        move || {
+            let all = audited(&ns, "-");
+            all.iter().filter(|r| r.resource == resource && (r.verb == "list" || r.verb == "watch")).count()
+        }
+    };
+    let (lease_reads, pod_reads) = (reads("leases"), reads("pods"));
+    // The leader watches the Pods: it reports one.
     create_gated_pod(&ns, "watched").await;
     first.prints("\tName: watched", 1).await;
-    // Enough for the standby to have listed the Pod, had it been reporting.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    let (leases_before, pods_before) = (lease_reads(), pod_reads());
+    let second = run_example("pod_events", &elect);
+    // The standby runs: it reads the Lease, waiting for it.
+    wait_until("the standby to watch the Lease", TIMEOUT, || async { (lease_reads() > leases_before).then_some(()) })
+        .await;
+    create_gated_pod(&ns, "watched-later").await;
+    first.prints("\tName: watched-later", 1).await;
+    // It reads no Pod, and reports nothing.
+    assert_eq!(pod_reads(), pods_before, "the standby lists or watches Pods");
     assert_eq!((second.count("leading as "), second.count("\tName: ")), (0, 0), "the standby reports nothing");
 
     // SIGTERM: the leader releases the Lease, and the standby, watching it,

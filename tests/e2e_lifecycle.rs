@@ -10,9 +10,11 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use sample_controller::testing::client::USER_AGENT;
@@ -124,14 +126,25 @@ async fn deleting_deploy_leaves_foos_and_deployments_and_applying_it_again_takes
     assert_eq!(deployment_versions(&ns).await, deployments, "the uninstall changed or deleted Deployments");
 
     // Applied again: the new leader syncs every Foo, and finds nothing to
-    // write to any Deployment.
+    // write: no Deployment write and no status write of its in the audit
+    // log (a write that changes nothing leaves the objects as they were, so
+    // only the log tells), no Foo or Deployment changed.
+    let reinstalled = Timestamp::now();
     let pods = install_deploy().await;
     let replica = spawn_replica(&ns.name, &pods[0], LEASE).await;
     wait_until("the reinstalled operator to sync every Foo", TIMEOUT, || async {
         (metric(&replica, SUCCESS_SERIES).await? >= FOOS as f64).then_some(())
     })
     .await;
+    let since_reinstall = settled_requests(&ns.name, Duration::from_secs(3)).await;
+    let writes: Vec<_> = since_reinstall
+        .iter()
+        .filter(|r| r.at >= reinstalled && WRITES.contains(&r.verb.as_str()) && !r.dry_run)
+        .filter(|r| r.resource == "deployments" || (r.resource == "foos" && r.subresource.as_deref() == Some("status")))
+        .collect();
+    assert!(writes.is_empty(), "the reinstalled operator wrote Deployments or Foo statuses: {writes:?}");
     assert_eq!(deployment_versions(&ns).await, deployments, "the reinstall wrote Deployments");
+    assert_eq!(foo_versions(&foos_in(&ns).await), stored, "the reinstall wrote Foos");
     // ...and it reconciles them: an edit reaches the Deployment, and only
     // that one is written.
     let scale = json!({ "spec": { "replicas": 2 } });

@@ -522,8 +522,19 @@ async fn readyz_is_unavailable_until_caches_sync() {
         (http_get(op.probes, "/healthz").await?.0 == 200).then_some(())
     })
     .await;
-    // Time under test: two seconds up and still not ready.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // Not ready while it has tried to list Foos and been refused, twice
+    // (the API server's audit log shows the tries): not a guess at time.
+    let user = format!("system:serviceaccount:{}:{sa}", ns.name);
+    wait_until("two refused lists of Foos, /readyz 503 meanwhile", TIMEOUT, || async {
+        let readyz = http_get(op.probes, "/readyz").await.map(|r| r.0);
+        assert_eq!(readyz, Some(503), "ready before its cache synced");
+        let refused = audited_as(&user)
+            .into_iter()
+            .filter(|r| r.resource == "foos" && (r.verb == "list" || r.verb == "watch") && r.code == Some(403))
+            .count();
+        (refused >= 2).then_some(())
+    })
+    .await;
     assert_eq!(http_get(op.probes, "/readyz").await.map(|r| r.0), Some(503), "ready before its cache synced");
 
     kubectl_ok(&["apply", "-f", "deploy/02-clusterrole.yaml"]);
@@ -661,12 +672,20 @@ async fn a_sync_that_panics_fails_alone_counted_logged_and_retried_and_the_leade
     let mut op = spawn_candidate(&ns.name, LEASE, "panicky").await;
     let leader = holder_within(&ns, TIMEOUT).await;
     let panicky = format!("{PANICS_IN_SYNC}a");
+    let created = std::time::Instant::now();
     create_foo(&ns.api(), &panicky, "panicky", Some(1)).await;
     // Twice: the panic, and its retry after the first backoff.
     wait_until("two panicked syncs counted", Duration::from_secs(10), || async {
         (metric(&op, PANICS_SERIES).await? >= 2.0).then_some(())
     })
     .await;
+    // Retried with a backoff that doubles from 5 ms, not in a loop: n
+    // retries take 5 ms × (2^n - 1), so in t there are at most
+    // log2(t / 5 ms + 1) of them (and one more try, the first).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let panics = metric(&op, PANICS_SERIES).await.unwrap();
+    let most = 2.0 + (created.elapsed().as_secs_f64() / 0.005 + 1.0).log2().floor();
+    assert!(panics <= most, "{panics} panicked syncs in {:?}: retried faster than the backoff", created.elapsed());
     for i in 0..3 {
         create_foo(&ns.api(), &format!("foo-{i}"), &format!("foo-{i}"), Some(1)).await;
     }

@@ -44,15 +44,21 @@ const DEPTH_SERIES: [&str; 2] = [
 ];
 const ACTIVE_WORKERS_SERIES: &str = "controller_runtime_active_workers{controller=\"foo\"}";
 
-/// Grant `user` deploy/'s ClusterRole, and in `ns` what deploy/'s
-/// leader-election Role grants on Leases. Again for the same user: no-ops.
+/// Grant `user` deploy/'s ClusterRole, and in `ns` deploy/'s leader-election
+/// Role as it ships (04-leader-election-role.yaml, moved to `ns`). Again
+/// for the same user: no-ops.
 fn grant_operator_rights(ns: &TestNamespace, user: &str) {
     kubectl_ok(&["apply", "-f", "deploy/02-clusterrole.yaml"]);
     let binding = format!("{}-{}", ns.name, user.split('.').next().unwrap());
     let _ = kubectl(&["create", "clusterrolebinding", &binding, "--clusterrole=sample-controller", "--user", user]);
-    let verbs = "--verb=get,list,watch,create,update";
-    let _ = ns.kubectl(&["create", "role", "leader-election", verbs, "--resource=leases.coordination.k8s.io"]);
-    let _ = ns.kubectl(&["create", "rolebinding", &binding, "--role=leader-election", "--user", user]);
+    let shipped = std::fs::read_to_string("deploy/04-leader-election-role.yaml").unwrap();
+    let role = shipped.split("\n---\n").find(|doc| doc.contains("\nkind: Role\n")).expect("deploy/04's Role");
+    let role = role.replace("namespace: sample-controller", &format!("namespace: {}", ns.name));
+    let file = format!("{}/{}-leader-election-role.yaml", env!("CARGO_TARGET_TMPDIR"), ns.name);
+    std::fs::write(&file, role).unwrap();
+    kubectl_ok(&["apply", "-f", &file]);
+    let role = "--role=sample-controller-leader-election";
+    let _ = ns.kubectl(&["create", "rolebinding", &binding, role, "--user", user]);
 }
 
 async fn start_shard(ns: &TestNamespace, selector: &str, name: &str) -> ShardOperator {
@@ -225,6 +231,12 @@ async fn three_shards_reconcile_each_foo_exactly_once_a_relabelled_foo_moves_and
             (deployment_shard(&ns, "a-1").await == Some(Some(to.into()))).then_some(())
         })
         .await;
+    }
+    // deploy/'s RBAC allowed every request each shard made.
+    for name in ["a", "b", "rest"] {
+        let user = format!("shard-{name}.{}", ns.name);
+        let refused: Vec<_> = audited_as(&user).into_iter().filter(|r| r.code == Some(403)).collect();
+        assert!(refused.is_empty(), "{user} was refused what deploy/'s RBAC does not grant: {refused:?}");
     }
     for name in ["a", "b", "rest"] {
         let _ = kubectl(&["delete", "clusterrolebinding", &format!("{}-shard-{name}", ns.name)]);

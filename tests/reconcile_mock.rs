@@ -571,15 +571,18 @@ async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until
     // doubt, so the next sync of any Foo writes nothing and comes back later
     // instead of being dropped.
     let foo = example_foo(1);
+    let mut other = Foo::test("another-foo").deployment("another-foo").replicas(1);
+    other.metadata.namespace = foo.metadata.namespace.clone();
     let fence = Arc::new(WriteGate::holding_for(Duration::from_secs(10)));
-    let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence.clone()).await;
+    let mut mock = Mock::fenced(&[foo.clone(), other.clone()], fence.clone()).await;
     let list =
         json!({ "apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadataList", "metadata": {}, "items": null });
     let denied = status(
         StatusCode::FORBIDDEN,
         "Forbidden",
         "ValidatingAdmissionPolicy 'sample-controller-leader-fence' with binding 'sample-controller-leader-fence' \
-         denied request: pod a does not hold the Lease sample-controller/sample-controller (its LeaderFence names b_2a)",
+         denied request: pod a holds no Lease of the operator: its LeaderFence sample-controller/sample-controller \
+         names sample-controller held by b_2a",
     );
     let scenario = vec![
         expect(Method::GET, DEPLOYMENTS).reply(StatusCode::OK, list),
@@ -592,6 +595,9 @@ async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until
     assert!(fence.in_doubt() && !fence.holds(), "the fence is in doubt");
     let again = mock.sync(&foo, vec![]).await.unwrap();
     assert_eq!(again, Action::requeue(Duration::from_secs(1)), "held, not dropped, while the Lease is checked");
+    // Every Foo's, not only the refused one's: the doubt is the leader's.
+    let others = mock.sync(&other, vec![]).await.unwrap();
+    assert_eq!(others, Action::requeue(Duration::from_secs(1)), "another Foo's sync held too, making no request");
 }
 
 /// The example Foo's Deployment, synced, as the shard `label` made it.

@@ -3,7 +3,8 @@
 //! a server-side dry run of a create the confinement must refuse (the
 //! operator's own Deployment for a made-up Foo, with a replica more than a
 //! Foo may ask for) and of one it must admit (the same, as the operator
-//! builds it). Nothing is written. The leader asks at start and every
+//! builds it). Nothing is written. The leader, when it runs as a
+//! ServiceAccount (deploy/'s), asks at start and every
 //! `--confinement-check-period` (two requests each time), and reports the
 //! answer as `sample_controller_confinement{state}` and, when it is not
 //! enforced, an ERROR; `sample-controller check` asks once, impersonating
@@ -17,6 +18,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::authentication::v1::SelfSubjectReview;
 use kube::api::{Api, PostParams};
 use kube::core::Status;
 use tracing::{error, info};
@@ -151,10 +153,26 @@ pub(crate) async fn probe(api: &Api<Deployment>, namespace: &str, shard: &Shard)
     verdict(&dry_run(api, &too_many).await, &dry_run(api, &as_built).await)
 }
 
+/// Who the client is, as the API server knows it (a SelfSubjectReview,
+/// which every user may make): the confinement judges ServiceAccounts
+/// only, so a run as anyone else (`cargo run` with a user's kubeconfig)
+/// has nothing to check.
+pub(crate) async fn who_am_i(client: &kube::Client) -> kube::Result<String> {
+    let review =
+        Api::<SelfSubjectReview>::all(client.clone()).create(&PostParams::default(), &Default::default()).await?;
+    Ok(review.status.and_then(|s| s.user_info).and_then(|u| u.username).unwrap_or_default())
+}
+
+/// Whether `user` is a ServiceAccount, which the confinement judges.
+pub(crate) fn is_service_account(user: &str) -> bool {
+    user.starts_with("system:serviceaccount:")
+}
+
 /// Probe now and every `period` for ever (only now if it is zero), through
 /// `client` in `namespace`, reporting each state to `report` and logging
 /// each change of state (an ERROR while the confinement is open or refuses
-/// the operator's writes).
+/// the operator's writes). A client that is no ServiceAccount probes
+/// nothing, and says so once.
 pub(crate) async fn keep_probing(
     client: kube::Client,
     namespace: String,
@@ -162,6 +180,15 @@ pub(crate) async fn keep_probing(
     period: Duration,
     report: impl Fn(&State),
 ) {
+    match who_am_i(&client).await {
+        Ok(user) if !is_service_account(&user) => {
+            info!(user = %user, "not a ServiceAccount: the ServiceAccount's confinement does not apply, and is not checked");
+            return std::future::pending().await;
+        }
+        Ok(_) => {}
+        // Probed all the same: the dry runs say what they find.
+        Err(e) => info!(error = %e, "cannot tell who this client is; checking the ServiceAccount's confinement"),
+    }
     let api: Api<Deployment> = Api::namespaced(client, &namespace);
     let mut last: Option<&'static str> = None;
     loop {
@@ -193,6 +220,13 @@ mod tests {
 
     fn confined() -> Answer {
         Answer::Confined("spec.replicas=11".into())
+    }
+
+    #[test]
+    fn only_a_service_account_is_checked() {
+        assert!(is_service_account("system:serviceaccount:ops:x-sample-controller"));
+        assert!(!is_service_account("kubernetes-admin"));
+        assert!(!is_service_account("system:serviceaccounts:ops"), "a group, not a user");
     }
 
     #[test]

@@ -109,9 +109,12 @@ impl SyncError {
     }
 
     /// True when a retry must wait at least a second: the server failed,
-    /// or its fence refused (the elector checks the Lease first).
+    /// or did not answer within the sync's deadline, or its fence refused
+    /// (the elector checks the Lease first).
     pub(crate) fn retries_slowly(&self) -> bool {
-        self.is_server_failure() || self.is_fence_refusal() || matches!(self, SyncError::FenceInDoubt { .. })
+        self.is_server_failure()
+            || self.is_fence_refusal()
+            || matches!(self, SyncError::FenceInDoubt { .. } | SyncError::TimedOut { .. })
     }
 }
 
@@ -176,6 +179,10 @@ mod tests {
         assert!(!other_policy.is_fence_refusal(), "another policy's refusal");
         assert!(!refused(409, denied).is_fence_refusal(), "not a refusal by admission");
         assert!(SyncError::FenceInDoubt { foo: "default/f".into() }.retries_slowly(), "held while in doubt");
+        let timed_out = SyncError::TimedOut { foo: "default/f".into(), after: std::time::Duration::from_secs(120) };
+        assert!(timed_out.retries_slowly(), "a deadline met: the API server did not answer");
+        let panicked = SyncError::Panicked { foo: "default/f".into(), message: "bug".into() };
+        assert!(!panicked.retries_slowly(), "a bug, not the API server");
     }
 
     #[test]
