@@ -1,7 +1,9 @@
 //! The operator's image (hack/build-image.sh), run with runc (hack/run-image.sh)
 //! as deploy/ runs it: in-cluster configuration from the ServiceAccount's
-//! token, the container arguments and memory limit of
-//! deploy/05-deployment.yaml, uid 65532 and a read-only root filesystem.
+//! token, the container arguments (its ports too) and memory limit of
+//! deploy/05-deployment.yaml, uid 65532 and a read-only root filesystem; its
+//! probes called as the kubelet calls deploy/'s, its metrics on the port
+//! deploy/'s Service targets, and the NetworkPolicy's ports the container's.
 
 mod common;
 
@@ -9,8 +11,12 @@ use std::process::Command;
 
 use common::tenant::*;
 use common::*;
+use std::collections::BTreeSet;
+
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::api::core::v1::{Container, Pod, Service};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::ResourceExt;
 use sample_controller::testing::api::POD_NAME_ENV;
 use sample_controller::testing::metric_value;
@@ -37,19 +43,46 @@ fn deployed_container() -> Container {
     deployment.spec.and_then(|s| s.template.spec).map(|s| s.containers[0].clone()).expect("a container")
 }
 
-/// Its arguments, but with the ports chosen by the kernel: the container
-/// shares the host's network, where 8080 may be taken.
+/// Its arguments, as deploy/ gives them: its ports too (the container
+/// shares the host's network, so they are the host's; the image tests run
+/// one at a time).
 fn container_args(container: &Container) -> Vec<String> {
     let args = container.args.clone().unwrap_or_default();
     for flag in ["--metrics-bind-address=", "--health-probe-bind-address="] {
         assert!(args.iter().any(|a| a.starts_with(flag)), "{DEPLOYMENT} no longer sets {flag}");
     }
-    args.into_iter()
-        .map(|a| match a.split_once('=') {
-            Some((flag, _)) if flag.ends_with("-bind-address") => format!("{flag}=127.0.0.1:0"),
-            _ => a,
-        })
-        .collect()
+    args
+}
+
+/// The container's port of this name, or number, as the kubelet and a
+/// Service resolve a named port.
+fn container_port(container: &Container, port: &IntOrString) -> u16 {
+    let ports = container.ports.as_deref().unwrap_or_default();
+    let number = match port {
+        IntOrString::Int(n) => ports.iter().find(|p| p.container_port == *n),
+        IntOrString::String(name) => ports.iter().find(|p| p.name.as_deref() == Some(name.as_str())),
+    };
+    let number = number.unwrap_or_else(|| panic!("{DEPLOYMENT}'s container has no port {port:?}")).container_port;
+    u16::try_from(number).unwrap()
+}
+
+/// deploy/'s other manifests that name the container's ports: the metrics
+/// Service's targetPort, and each port the NetworkPolicy admits.
+fn ports_named_elsewhere() -> (IntOrString, Vec<IntOrString>) {
+    let service: Service =
+        serde_saphyr::from_str(&std::fs::read_to_string("deploy/07-metrics-service.yaml").unwrap()).unwrap();
+    let target = service.spec.and_then(|s| s.ports?.first()?.target_port.clone()).expect("the Service's targetPort");
+    let policy: NetworkPolicy =
+        serde_saphyr::from_str(&std::fs::read_to_string("deploy/09-network-policy.yaml").unwrap()).unwrap();
+    let admitted = policy
+        .spec
+        .and_then(|s| s.ingress)
+        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|rule| rule.ports.unwrap_or_default())
+        .filter_map(|p| p.port)
+        .collect();
+    (target, admitted)
 }
 
 /// A memory quantity in bytes (the binary suffixes deploy/ uses).
@@ -251,16 +284,32 @@ async fn the_image_runs_in_cluster_as_deployed_reconciles_the_example_foo_and_an
     })
     .await;
 
-    for path in ["/healthz", "/readyz"] {
-        assert_eq!(http_get(op.0.probes, path).await.map(|r| r.0), Some(200), "{path}");
+    // Its probes as the kubelet calls them: deploy/'s paths, on the port
+    // they name, resolved to the container's; the listeners it bound are
+    // the container's declared ports.
+    let container = deployed_container();
+    let (target, admitted) = ports_named_elsewhere();
+    assert_eq!(op.0.metrics, container_port(&container, &target), "the metrics Service's targetPort");
+    let declared: BTreeSet<u16> =
+        container.ports.iter().flatten().map(|p| u16::try_from(p.container_port).unwrap()).collect();
+    let allowed: BTreeSet<u16> = admitted.iter().map(|p| container_port(&container, p)).collect();
+    assert_eq!(allowed, declared, "the NetworkPolicy admits the container's ports, and no other");
+    for (probe, which) in [(&container.liveness_probe, "liveness"), (&container.readiness_probe, "readiness")] {
+        let get = probe.as_ref().and_then(|p| p.http_get.clone()).unwrap_or_else(|| panic!("no {which} httpGet"));
+        assert_eq!(get.scheme.as_deref().unwrap_or("HTTP"), "HTTP", "{which}");
+        let port = container_port(&container, &get.port);
+        assert_eq!(port, op.0.probes, "the {which} probe's port is the one the probes listen on");
+        let path = get.path.unwrap_or_else(|| "/".into());
+        assert_eq!(http_get(port, &path).await.map(|r| r.0), Some(200), "the {which} probe, GET {path} on {port}");
     }
     // Secure metrics, as deploy/ serves them: HTTPS, for a token allowed to
-    // read them (and no one else).
+    // read them (and no one else), on the Service's targetPort.
     let scraper = TestNamespace::new("image-scraper").await;
     let token = metrics_reader_token(&scraper.name, "scraper");
-    assert_eq!(https_get(op.0.metrics, "/metrics", None, &[]).0, 401, "metrics without a token");
+    let metrics_port = container_port(&container, &target);
+    assert_eq!(https_get(metrics_port, "/metrics", None, &[]).0, 401, "metrics without a token");
     let metrics = wait_until("the scraper's token to be allowed", TIMEOUT, || async {
-        let (code, _, body) = https_get(op.0.metrics, "/metrics", Some(&token), &[]);
+        let (code, _, body) = https_get(metrics_port, "/metrics", Some(&token), &[]);
         (code == 200).then_some(body)
     })
     .await;
