@@ -16,11 +16,13 @@
 #   hack/build-planes.sh, in the background from the start; the first
 #   minor's suites start as soon as its plane is there, while the rest still
 #   builds at a lower CPU priority;
+# - each minor's suites run beside the other's, a runner each, as soon as
+#   its plane is there, and on each plane two lanes at once where the suites
+#   allow it; a suite of the operator's own behaviour runs on one minor only
+#   (the lists and their reasons are below);
 # - the image's release build runs in the background at the lowest priority
-#   once the planes are built (the last minor's suites need its plane
-#   before the image tests need the image), and the image and install tests
-#   (tests/e2e_image.rs) run last on each minor's plane, the planes kept up
-#   for them.
+#   once the first plane is built, and the image and install tests
+#   (tests/e2e_image.rs) end each runner, one runner's at a time.
 # Integration tests never skip: if a control plane cannot be had, this fails
 # saying why. Tests run under cargo-nextest (.config/nextest.toml): every
 # test runs even when one fails, each within its own timeout, and the totals
@@ -32,7 +34,6 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 cd "$REPO_ROOT"
 start=$SECONDS
 failing=() # steps whose tests failed; the rest still run
-planes_up=() # LOCAL_UP_DIRs of the planes started
 results="$(mktemp)"
 background="$(mktemp -d)"
 KUBE_MINORS="${KUBE_MINORS:-1.37 1.35}"
@@ -98,14 +99,19 @@ background_timings() {
 }
 
 summary() {
-  local rc=$? passed=0 failed=0 skipped=0 failed_step=$step dir pidfile
+  local rc=$? passed=0 failed=0 skipped=0 failed_step=$step minor pidfile
   end_step
-  for dir in "${planes_up[@]}"; do LOCAL_UP_DIR=$dir hack/local-down.sh || true; done
+  # The runners' planes, if a run ended before they stopped them.
+  for minor in "${minors[@]}"; do
+    [[ -d $REPO_ROOT/.local/test-control-plane-$minor ]] &&
+      { LOCAL_UP_DIR=$REPO_ROOT/.local/test-control-plane-$minor hack/local-down.sh || true; }
+  done
   for pidfile in "$background/planes.pid" "$background/image.pid"; do
     # Ended already, after a normal run.
     [[ -f "$pidfile" ]] && kill -- "-$(cat "$pidfile")" 2>/dev/null || true
   done
   background_timings
+  [[ -f $background/runner-timings ]] && timings+=$(cat "$background/runner-timings")$'\n'
   rm -rf "$background"
   if [[ -f "$results" ]]; then
     read -r passed failed skipped < <(awk '{p += $1; f += $2; s += $3} END {print p+0, f+0, s+0}' "$results")
@@ -123,10 +129,11 @@ summary() {
 }
 trap summary EXIT
 
-# Under the workspace whatever CARGO_TARGET_DIR says (nextest's store.dir).
-junit="target/nextest/default/junit.xml"
 run_tests() { # cargo nextest run args...; adds "passed failed skipped" from its JUnit report to the totals
   local rc=0 tests failures errors skipped
+  # Under the workspace whatever CARGO_TARGET_DIR says (nextest's
+  # store.dir), a directory per profile (NEXTEST_PROFILE: a runner's lane).
+  local junit="target/nextest/${NEXTEST_PROFILE:-default}/junit.xml"
   rm -f "$junit"
   # A filter that selects nothing fails the step, unless NO_TESTS=pass
   # says every test is meant to be left out (and counted as skipped: the
@@ -184,7 +191,6 @@ use_plane() { # minor
   # Deployments filled to the API server's limits, each write a copy):
   # etcd's largest recommended quota, not its default 2 GiB.
   export LOCAL_UP_ETCD_QUOTA=$((8 << 30))
-  planes_up+=("$LOCAL_UP_DIR")
   local up
   up="$(hack/local-up.sh)" || die "the Kubernetes $1 control plane could not be started (see above); integration tests cannot run"
   eval "$up"
@@ -225,50 +231,124 @@ run_tests --lib --bins "${planeless[@]}" ||
 begin "the crates' tests (the elector, the metrics server)"
 run_tests "${crates[@]}" || failing+=("the crates' tests")
 doc_tests "${crates[@]}" || failing+=("the crates' README examples")
-# Needed by the image tests only, which run last: the release build starts
-# once the planes are built, so it does not slow the plane the next suites
-# wait for, and takes what CPU the integration tests leave.
-last_plane="$background/plane-${minors[-1]}.done"
+# Needed by the image tests only, which end each minor's run: the release
+# build starts once the first plane is built, so it does not slow the plane
+# the first suites wait for, and takes what CPU the integration tests leave.
+first_plane="$background/plane-${minors[0]}.done"
 detach hack/background.sh "$background" image 19 \
-  bash -c 'until [[ -f $1 ]]; do sleep 2; done; exec hack/build-image.sh' _ "$last_plane"
+  bash -c 'until [[ -f $1 ]]; do sleep 2; done; exec hack/build-image.sh' _ "$first_plane"
 
-for minor in "${minors[@]}"; do
-  begin "wait for the Kubernetes $minor plane"
-  await "plane-$minor" "the Kubernetes $minor control plane" planes
-  begin "integration and chaos tests on Kubernetes $minor"
-  use_plane "$minor"
-  # One binary at a time, its tests two at once, as cargo test runs them:
-  # the chaos tests restart this plane and the deploy tests drain its nodes,
-  # so no other binary's tests may run beside theirs.
-  for suite in "${suites[@]}"; do
-    # The tenant's objects (a gigabyte of etcd revisions, four minutes on
-    # two cores) test the operator's memory, which no Kubernetes minor
-    # changes: on the first plane only, as the image's OOM test below.
-    if [[ $suite == e2e_tenants && $minor != "${minors[0]}" ]]; then
-      log "e2e_tenants skipped on Kubernetes $minor: run on ${minors[0]} only (what it measures is the operator's memory)"
-      NO_TESTS=pass run_tests --test "$suite" -E 'none()' || failing+=("$suite on Kubernetes $minor")
-      continue
+# The integration suites run on each minor's plane, the minors at once
+# (two planes, two runners: most of a suite's time is spent waiting on the
+# API server and on timers, so two fit on two cores); each runner prefixes
+# its lines with its minor. What a suite tests decides where it runs:
+# - on every minor, the suites of the API server's own behaviour — admission
+#   (the CRD's validation, the fence's and the confinement's policies),
+#   RBAC, garbage collection, the Deployment controller, the Lease, server-
+#   side apply, the CRD's upgrade;
+# - on one minor, the suites of the operator's own behaviour, which no
+#   Kubernetes minor changes — process and plane faults (e2e_chaos), its
+#   metrics server (e2e_metrics), faults between it and the API server
+#   (e2e_overload), the demo script, the examples, a tenant's big objects
+#   (e2e_tenants) — the newest, but e2e_tenants on the oldest, so that the
+#   two runners take about as long; printed as skipped, with that reason, on
+#   the other.
+newest_only=" e2e_chaos e2e_demo e2e_examples e2e_metrics e2e_overload "
+oldest_only=" e2e_tenants "
+# Within a runner, the suites that change what every test on the plane
+# relies on — the plane itself (e2e_chaos), its nodes (e2e_deploy, a
+# drain), the Foo CRD (e2e_rbac deletes it, e2e_lifecycle replaces it and
+# deletes deploy/), every namespace's load (e2e_tenants) — run alone, one
+# after the other; then two lanes at once: the suites that install deploy/'s
+# policies or contend for its Lease (e2e_confinement, e2e_demo), one after
+# the other, and beside them the rest, in one nextest run across their
+# binaries. Each lane a nextest profile of its own (its report).
+alone=" e2e_chaos e2e_deploy e2e_rbac e2e_lifecycle e2e_tenants "
+deploy_users=" e2e_confinement e2e_demo "
+runner_timings="$background/runner-timings"
+failed_steps="$background/failed-steps"
+
+# Whether suite runs on minor index i (0: the newest); if not, why not.
+runs_on() { # suite i
+  if [[ $newest_only == *" $1 "* && $2 != 0 ]]; then
+    echo "run on Kubernetes ${minors[0]} only: it tests the operator's own behaviour, which no minor changes"
+    return 1
+  fi
+  if [[ $oldest_only == *" $1 "* && $2 != $((${#minors[@]} - 1)) ]]; then
+    echo "run on Kubernetes ${minors[-1]} only: it tests the operator's memory, which no minor changes"
+    return 1
+  fi
+}
+
+# The suites of minor index i in a lane (profile: its nextest profile),
+# each failing one named in $failed_steps.
+run_lane() { # i profile suite...
+  local i=$1 profile=$2 minor=${minors[$1]} suite why names=()
+  shift 2
+  for suite in "$@"; do
+    if why=$(runs_on "$suite" "$i"); then
+      names+=(--test "$suite")
+    else
+      log "$suite skipped on Kubernetes $minor: $why"
+      NEXTEST_PROFILE=$profile NO_TESTS=pass run_tests --test "$suite" -E 'none()' ||
+        echo "$suite on Kubernetes $minor" >>"$failed_steps"
     fi
-    run_tests --test "$suite" || failing+=("$suite on Kubernetes $minor")
   done
-done
-begin "wait for the image and the registry"
-await image "the image" image
-await registry "the test registry" planes
-export SAMPLE_CONTROLLER_TEST_IMAGE SAMPLE_CONTROLLER_TEST_REGISTRY
-SAMPLE_CONTROLLER_TEST_IMAGE="$(cat "$background/image.out")"
-SAMPLE_CONTROLLER_TEST_REGISTRY="$(hack/build-registry.sh)"
-for minor in "${minors[@]}"; do
-  begin "image and install tests on Kubernetes $minor"
+  (( ${#names[@]} )) || return 0
+  NEXTEST_PROFILE=$profile run_tests "${names[@]}" || echo "${names[*]//--test /} on Kubernetes $minor" >>"$failed_steps"
+}
+
+# Everything of minor index i: its plane, its suites, then its image and
+# install tests (one minor's at a time: they run the image on the host's
+# ports). Its wall and CPU time go to $runner_timings.
+run_minor() { # i
+  local i=$1 minor=${minors[$1]} profile start=$SECONDS stat suite sole=() together=() users=()
+  profile=$( ((i == 0)) && echo default || echo second)
+  await "plane-$minor" "the Kubernetes $minor control plane" planes
   use_plane "$minor"
-  image_filter=()
-  if [[ $minor != "${minors[0]}" ]]; then
-    log "e2e_image's OOM test skipped on Kubernetes $minor: run on ${minors[0]} only, as e2e_tenants"
+  for suite in "${suites[@]}"; do
+    if [[ $alone == *" $suite "* ]]; then sole+=("$suite")
+    elif [[ $deploy_users == *" $suite "* ]]; then users+=("$suite")
+    else together+=("$suite"); fi
+  done
+  for suite in "${sole[@]}"; do run_lane "$i" "$profile" "$suite"; done
+  run_lane "$i" "$profile-lane" "${users[@]}" &
+  run_lane "$i" "$profile" "${together[@]}"
+  wait
+  await image "the image" image
+  await registry "the test registry" planes
+  export SAMPLE_CONTROLLER_TEST_IMAGE SAMPLE_CONTROLLER_TEST_REGISTRY
+  SAMPLE_CONTROLLER_TEST_IMAGE="$(cat "$background/image.out")"
+  SAMPLE_CONTROLLER_TEST_REGISTRY="$(hack/build-registry.sh)"
+  local image_filter=()
+  if ((i != 0)); then
+    log "e2e_image's OOM test skipped on Kubernetes $minor: run on ${minors[0]} only (it tests the operator's memory)"
     image_filter=(-E 'not test(/oom_killed/)')
   fi
-  run_tests --test e2e_image "${image_filter[@]}" || failing+=("e2e_image on Kubernetes $minor")
+  {
+    flock 9
+    NEXTEST_PROFILE=$profile run_tests --test e2e_image "${image_filter[@]}" ||
+      echo "e2e_image on Kubernetes $minor" >>"$failed_steps"
+  } 9>"$background/image.lock"
   hack/local-down.sh
+  read -r -a stat <"/proc/$BASHPID/stat"
+  printf '  %-76s %5ss wall %6ss CPU\n' "suites, then image and install tests, on Kubernetes $minor" \
+    "$((SECONDS - start))" "$(((stat[15] + stat[16]) / TICKS))" >>"$runner_timings"
+}
+
+begin "integration, chaos, image and install tests on Kubernetes ${minors[*]} (at once, a runner each)"
+runners=()
+for i in "${!minors[@]}"; do
+  run_minor "$i" > >(sed -u "s/^/[${minors[$i]}] /") 2> >(sed -u "s/^/[${minors[$i]}] /" >&2) &
+  runners+=($!)
 done
+for i in "${!runners[@]}"; do
+  # A runner that ended early (its plane could not be had) said why.
+  wait "${runners[$i]}" || failing+=("the runner of Kubernetes ${minors[$i]} (see its ERROR)")
+done
+if [[ -f $failed_steps ]]; then
+  while read -r step; do failing+=("$step"); done <"$failed_steps"
+fi
 end_step
 if (( ${#failing[@]} )); then
   exit 1

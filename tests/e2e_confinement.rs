@@ -265,7 +265,7 @@ impl ShardsPolicy {
             .expect("artifacts/shards' confinement policy")
             .to_owned();
         assert!(shards_policy.contains(r#"'["shard"]'"#) || shards_policy.contains(r#"["shard"]"#), "{shards_policy}");
-        let file = format!("{}/shards-policy.yaml", env!("CARGO_TARGET_TMPDIR"));
+        let file = scratch("shards-policy.yaml");
         std::fs::write(&file, shards_policy).unwrap();
         kubectl_ok(&["apply", "-f", &file]);
         ShardsPolicy
@@ -548,7 +548,7 @@ async fn the_leader_fence_still_refuses_the_operators_own_writes_from_a_pod_that
 /// dropped, and deploy/'s own bindings off meanwhile, so that only the
 /// overlay's policies judge.
 struct Overlaid {
-    dir: &'static str,
+    dir: String,
 }
 
 /// The overlay's namespace, prefix and ServiceAccount.
@@ -558,8 +558,9 @@ const OVERLAY_SA: &str = "x-sample-controller";
 
 impl Overlaid {
     fn new() -> Self {
-        let dir = ".local/test-overlay";
-        std::fs::create_dir_all(dir).unwrap();
+        // In the repository, where `../../deploy` is deploy/; this plane's own.
+        let dir = format!(".local/test-overlay-{}", std::env::var("KUBE_MINOR").unwrap_or_default());
+        std::fs::create_dir_all(&dir).unwrap();
         let kustomization =
             format!("resources: [../../deploy]\nnamespace: {OVERLAY_NS}\nnamePrefix: {OVERLAY_PREFIX}\n");
         std::fs::write(format!("{dir}/kustomization.yaml"), kustomization).unwrap();
@@ -570,14 +571,14 @@ impl Overlaid {
             "-f",
             "deploy/14-deployment-writes-binding.yaml",
         ]);
-        kubectl_ok(&["apply", "-k", dir]);
+        kubectl_ok(&["apply", "-k", &dir]);
         Overlaid { dir }
     }
 }
 
 impl Drop for Overlaid {
     fn drop(&mut self) {
-        kubectl(&["delete", "-k", self.dir, "--wait=false"]);
+        kubectl(&["delete", "-k", &self.dir, "--wait=false"]);
         kubectl(&["apply", "-f", "deploy/11-leader-fence-crd.yaml"]);
         kubectl(&["wait", "--for=condition=established", "crd/leaderfences.samplecontroller.k8s.io", "--timeout=60s"]);
         kubectl(&[

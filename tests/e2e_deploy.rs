@@ -37,7 +37,7 @@ impl Drop for UncordonAll {
 /// deploy/ applied through a kustomization that sets the image, as a user
 /// pointing it at their registry would.
 fn apply_with_image() {
-    let dir = format!("{}/deploy-overlay", env!("CARGO_TARGET_TMPDIR"));
+    let dir = scratch("deploy-overlay");
     std::fs::create_dir_all(&dir).unwrap();
     // kustomize takes a base by relative path only.
     let deploy = relative(&dir, &format!("{}/deploy", env!("CARGO_MANIFEST_DIR")));

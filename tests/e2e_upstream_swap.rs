@@ -234,7 +234,7 @@ const REFERENCE_AGENT: &str = "client-go-controller-reference/";
 /// packages it shares with kube-apiserver come from Go's build cache. Its
 /// path.
 fn built_reference() -> String {
-    let out = format!("{}/client-go-controller-reference", env!("CARGO_TARGET_TMPDIR"));
+    let out = scratch("client-go-controller-reference");
     let goflags = format!("{} -mod=readonly -buildvcs=false", std::env::var("GOFLAGS").unwrap_or_default());
     let started = Instant::now();
     let build = Command::new("go")

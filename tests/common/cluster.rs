@@ -157,11 +157,20 @@ impl Drop for TestNamespace {
 
 /// A copy of the control plane's kubeconfig changed by `edit`, written
 /// under the test's target directory as `{name}-kubeconfig`; its path.
+/// A path of `name` in the tests' scratch directory, this plane's own:
+/// hack/test.sh runs the suites of two planes at once, so a file of fixed
+/// name written by a test on one would be read by the same test on the
+/// other.
+pub fn scratch(name: &str) -> String {
+    let plane = std::env::var("KUBE_MINOR").unwrap_or_else(|_| "plane".into());
+    format!("{}/{plane}-{name}", env!("CARGO_TARGET_TMPDIR"))
+}
+
 pub fn kubeconfig_variant(name: &str, edit: impl FnOnce(&mut serde_json::Value)) -> String {
     let mut kubeconfig: serde_json::Value =
         serde_saphyr::from_str(&std::fs::read_to_string(kubeconfig_path()).unwrap()).unwrap();
     edit(&mut kubeconfig);
-    let path = format!("{}/{name}-kubeconfig", env!("CARGO_TARGET_TMPDIR"));
+    let path = scratch(&format!("{name}-kubeconfig"));
     std::fs::write(&path, serde_saphyr::to_string(&kubeconfig).unwrap()).unwrap();
     path
 }
