@@ -113,7 +113,11 @@ where
                 continue;
             }
         };
-        let (place, evicted) = places.lock().take(peer.ip());
+        let Some((place, evicted)) = places.lock().take(peer.ip()) else {
+            // That client holds its share already: closed at once.
+            drop(tcp);
+            continue;
+        };
         let connection = serve(tcp);
         let places = places.clone();
         tokio::spawn(async move {
@@ -135,13 +139,14 @@ struct Place {
 }
 
 /// The places of a listener's connections, by peer address: at most
-/// [`MAX_CONNECTIONS`] in all. Past that, a new connection takes the place
-/// of the oldest connection of the peer that holds the most — its own
-/// peer's, when that holds as many — so that no client, however many idle
-/// or slow connections it holds, keeps another out: the kubelet's probe,
-/// one connection from the node, is always served (an accept that waited
-/// for a place, as before, let 300 idle connections of one client keep
-/// every probe out).
+/// [`MAX_CONNECTIONS`] in all, at most [`PER_CLIENT`] of them one client's
+/// (past that, its new connection is closed at once). When all are taken,
+/// a new connection takes the place of the oldest connection of the peer
+/// that holds the most — its own peer's, when that holds as many — so that
+/// no client, however many idle or slow connections it holds, keeps
+/// another out: the kubelet's probe, one connection from the node, is
+/// always served (an accept that waited for a place, as before, let 300
+/// idle connections of one client keep every probe out).
 #[derive(Debug, Default)]
 struct Places {
     by_peer: HashMap<IpAddr, VecDeque<(u64, oneshot::Sender<()>)>>,
@@ -151,8 +156,11 @@ struct Places {
 
 impl Places {
     /// A place for a connection from `peer`, and what resolves when it is
-    /// taken back for another.
-    fn take(&mut self, peer: IpAddr) -> (Place, oneshot::Receiver<()>) {
+    /// taken back for another; none when `peer` holds its share.
+    fn take(&mut self, peer: IpAddr) -> Option<(Place, oneshot::Receiver<()>)> {
+        if self.by_peer.get(&peer).is_some_and(|held| held.len() >= PER_CLIENT) {
+            return None;
+        }
         if self.held >= MAX_CONNECTIONS {
             self.evict_for(peer);
         }
@@ -160,7 +168,7 @@ impl Places {
         self.next += 1;
         self.by_peer.entry(peer).or_default().push_back((self.next, evict));
         self.held += 1;
-        (Place { peer, id: self.next }, evicted)
+        Some((Place { peer, id: self.next }, evicted))
     }
 
     /// Close the oldest connection of the peer holding the most (`peer`'s
@@ -238,6 +246,11 @@ const SLOW_CLIENT: std::time::Duration = std::time::Duration::from_secs(10);
 /// closed; an HTTP/2 connection (only when the TLS configuration offers
 /// `h2`) has no such timeout.
 const MAX_CONNECTIONS: usize = 64;
+
+/// The most connections of one client address on a listener: half of
+/// [`MAX_CONNECTIONS`], so that one client never holds them all, and its
+/// connections past its share cost an accept, not another's place.
+const PER_CLIENT: usize = MAX_CONNECTIONS / 2;
 
 /// What the metrics listener serves, as its start-up log line says.
 pub const METRICS_ENDPOINTS: &str = "/metrics";
@@ -434,44 +447,60 @@ mod tests {
         drop(held);
     }
 
-    #[tokio::test]
-    async fn past_the_cap_the_oldest_connection_of_the_client_holding_the_most_is_closed() {
+    /// Whether the listener closed `tcp` (within 5 s).
+    async fn closed(tcp: &mut TcpStream) -> bool {
         use tokio::io::AsyncReadExt;
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read(&mut [0; 16])).await;
+        matches!(read, Ok(Ok(0) | Err(_)))
+    }
+
+    #[tokio::test]
+    async fn a_client_past_its_share_is_closed_at_once_and_past_the_cap_the_heaviest_clients_oldest_goes() {
         let addr = probes_listening().await;
-        let mut many = Vec::new();
-        for _ in 0..MAX_CONNECTIONS {
+        let mut a = Vec::new();
+        for _ in 0..PER_CLIENT {
             let mut tcp = connect_from([127, 0, 0, 2], addr).await;
             assert_eq!(healthz(&mut tcp).await, "HTTP/1.1 200 OK");
-            many.push(tcp);
+            a.push(tcp);
         }
-        let mut other = connect_from([127, 0, 0, 3], addr).await;
-        assert_eq!(healthz(&mut other).await, "HTTP/1.1 200 OK", "another client is served at the cap");
-        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), many[0].read(&mut [0; 16])).await;
-        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "the heaviest client's oldest is closed: {closed:?}");
-        // The heaviest client's next connection costs it its own oldest,
-        // never the other client's.
-        let mut more = connect_from([127, 0, 0, 2], addr).await;
-        assert_eq!(healthz(&mut more).await, "HTTP/1.1 200 OK");
-        let closed = tokio::time::timeout(std::time::Duration::from_secs(5), many[1].read(&mut [0; 16])).await;
-        assert!(matches!(closed, Ok(Ok(0) | Err(_))), "its own oldest is closed: {closed:?}");
-        assert_eq!(healthz(&mut other).await, "HTTP/1.1 200 OK", "the other client's connection stays");
+        let mut past_share = connect_from([127, 0, 0, 2], addr).await;
+        assert!(closed(&mut past_share).await, "a client's connection past its share is closed at once");
+        let mut b = Vec::new();
+        for _ in 0..MAX_CONNECTIONS - PER_CLIENT {
+            let mut tcp = connect_from([127, 0, 0, 3], addr).await;
+            assert_eq!(healthz(&mut tcp).await, "HTTP/1.1 200 OK");
+            b.push(tcp);
+        }
+        // Every place taken: a third client's connection takes the place of
+        // the oldest of one of the two holding the most.
+        let mut third = connect_from([127, 0, 0, 4], addr).await;
+        assert_eq!(healthz(&mut third).await, "HTTP/1.1 200 OK", "another client is served at the cap");
+        let (a_oldest, b_oldest) = tokio::join!(closed(&mut a[0]), closed(&mut b[0]));
+        assert!(a_oldest ^ b_oldest, "one of the heaviest clients' oldest connections is closed, one only");
+        assert_eq!(healthz(&mut third).await, "HTTP/1.1 200 OK", "the third client's connection stays");
     }
 
     #[test]
-    fn the_places_never_exceed_the_cap_and_a_freed_place_is_counted_once() {
-        let (a, b): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+    fn the_places_never_exceed_the_cap_or_a_clients_share_and_a_freed_place_is_counted_once() {
+        let [a, b, c]: [IpAddr; 3] = ["10.0.0.1", "10.0.0.2", "10.0.0.3"].map(|ip| ip.parse().unwrap());
         let mut places = Places::default();
-        let mut taken: Vec<_> = (0..MAX_CONNECTIONS).map(|_| places.take(a)).collect();
+        let mut taken: Vec<_> = (0..PER_CLIENT).map(|_| places.take(a).expect("a's share")).collect();
+        assert!(places.take(a).is_none(), "past a's share");
+        let _b: Vec<_> = (0..MAX_CONNECTIONS - PER_CLIENT).map(|_| places.take(b).expect("b's share")).collect();
         assert_eq!(places.held, MAX_CONNECTIONS);
-        let (b_place, _b_evicted) = places.take(b);
+        let (c_place, _c_evicted) = places.take(c).expect("c, at the cap");
         assert_eq!(places.held, MAX_CONNECTIONS, "at the cap, one taken back for the new one");
-        let (first, mut first_evicted) = taken.remove(0);
-        assert!(first_evicted.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Closed), "a's oldest");
-        places.give_back(first);
-        assert_eq!(places.held, MAX_CONNECTIONS, "its place was taken back already: not freed twice");
-        places.give_back(b_place);
+        let a_lost = taken[0].1.try_recv().is_err_and(|e| e == oneshot::error::TryRecvError::Closed);
+        let b_left = places.by_peer.get(&b).map_or(0, VecDeque::len);
+        assert!(a_lost || b_left < MAX_CONNECTIONS - PER_CLIENT, "one of the heaviest lost its oldest");
+        if a_lost {
+            let (first, _) = taken.remove(0);
+            places.give_back(first);
+            assert_eq!(places.held, MAX_CONNECTIONS, "its place was taken back already: not freed twice");
+        }
+        places.give_back(c_place);
         assert_eq!(places.held, MAX_CONNECTIONS - 1);
-        assert!(!places.by_peer.contains_key(&b), "a peer with no connection left is forgotten");
+        assert!(!places.by_peer.contains_key(&c), "a peer with no connection left is forgotten");
     }
 
     #[test]
