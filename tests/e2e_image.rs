@@ -333,7 +333,7 @@ async fn the_image_under_deploys_memory_limit_is_not_oom_killed_by_a_tenants_obj
     let mut op = run_as_deployed(&image(), &pods[0]).await;
     let pid = container_pid(op.0.child.id());
     let tenant_ns = TenantNamespace(TestNamespace::new("image-tenant").await);
-    hoard(tenant_of(&tenant_ns.0).await, &tenant_ns.0.name).await;
+    hoard(tenant_of(&tenant_ns.0).await, &tenant_ns.0.name, Hoard::PAST_THE_LIMIT).await;
     let control = TestNamespace::new("image-control").await;
     converges(&control, "after-the-tenant").await;
     assert!(op.0.child.try_wait().unwrap().is_none(), "the container exited");

@@ -17,13 +17,26 @@ use serde_json::json;
 use super::{GC_TIMEOUT, TestNamespace, admin_client, config, create_foo, deployment, kubeconfig_path, kubectl_ok};
 use super::{wait_for, wait_until};
 
-/// Foos, each with about [`FINALIZER_BYTES`] of finalizer names.
-pub const HOSTILE_FOOS: usize = 150;
+/// How much the tenant writes: Foos, each with about [`FINALIZER_BYTES`] of
+/// finalizer names, and Deployments with [`ANNOTATION_BYTES`] of
+/// annotations each, half of them labelled as ours (so the operator's watch
+/// sees them), half not (so the adoption pass lists them).
+#[derive(Clone, Copy, Debug)]
+pub struct Hoard {
+    pub foos: usize,
+    pub deployments: usize,
+}
+
+impl Hoard {
+    /// About 225 MiB of content: past deploy/'s memory limit of 128 MiB, had
+    /// the operator kept it (tests/e2e_image.rs).
+    pub const PAST_THE_LIMIT: Hoard = Hoard { foos: 150, deployments: 300 };
+    /// A third of it, about 75 MiB: still several times the growth a test
+    /// allows (tests/e2e_tenants.rs), in a third of the API server's time.
+    pub const A_THIRD: Hoard = Hoard { foos: 50, deployments: 100 };
+}
+
 pub const FINALIZER_BYTES: usize = 1 << 20;
-/// Deployments with [`ANNOTATION_BYTES`] of annotations each, half of them
-/// labelled as ours (so the operator's watch sees them), half not (so the
-/// adoption pass lists them).
-pub const HOSTILE_DEPLOYMENTS: usize = 300;
 /// The API server's limit on all of an object's annotations is 256 KiB.
 pub const ANNOTATION_BYTES: usize = 250 * 1024;
 /// Objects the tenant creates at once.
@@ -89,13 +102,14 @@ pub fn annotated_deployment(i: usize, labelled: bool) -> Deployment {
     .unwrap()
 }
 
-/// As the tenant: the Foos and the Deployments, [`CONCURRENCY`] at a time.
-pub async fn hoard(tenant: kube::Client, ns: &str) {
+/// As the tenant: `how_much`'s Foos and Deployments, [`CONCURRENCY`] at a
+/// time.
+pub async fn hoard(tenant: kube::Client, ns: &str, how_much: Hoard) {
     use futures::StreamExt;
     let (foos, deployments): (Api<Foo>, Api<Deployment>) =
         (Api::namespaced(tenant.clone(), ns), Api::namespaced(tenant, ns));
     let pp = PostParams::default();
-    futures::stream::iter(0..HOSTILE_FOOS)
+    futures::stream::iter(0..how_much.foos)
         .map(|i| {
             let (foos, pp) = (&foos, &pp);
             async move { foos.create(pp, &finalized_foo(i)).await.map(drop) }
@@ -103,7 +117,7 @@ pub async fn hoard(tenant: kube::Client, ns: &str) {
         .buffer_unordered(CONCURRENCY)
         .for_each(|r| async { r.expect("the tenant may create a Foo") })
         .await;
-    futures::stream::iter(0..HOSTILE_DEPLOYMENTS)
+    futures::stream::iter(0..how_much.deployments)
         .map(|i| {
             let (deployments, pp) = (&deployments, &pp);
             async move { deployments.create(pp, &annotated_deployment(i, i % 2 == 0)).await.map(drop) }
