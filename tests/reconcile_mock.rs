@@ -565,6 +565,21 @@ async fn a_leader_paused_mid_sync_past_its_renew_deadline_writes_nothing() {
 }
 
 #[tokio::test]
+async fn a_leader_whose_renewal_is_late_keeps_every_foo_for_when_it_renews() {
+    // Past its renew deadline without having lost the Lease (a renewal slow
+    // on a loaded machine): a sync writes nothing and comes back, rather
+    // than being dropped as a standby's is — nothing would bring it back
+    // once the next renewal reopens the gate.
+    let foo = example_foo(1);
+    let fence = Arc::new(WriteGate::holding_for(Duration::from_millis(20)));
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert!(fence.interrupted(), "the renewal is late");
+    let mut mock = Mock::fenced(std::slice::from_ref(&foo), fence.clone()).await;
+    let action = mock.sync(&foo, vec![]).await.unwrap();
+    assert_eq!(action, Action::requeue(Duration::from_secs(1)), "kept, making no request");
+}
+
+#[tokio::test]
 async fn a_write_refused_by_the_api_servers_leader_fence_stops_every_write_until_the_lease_is_checked() {
     // The API server's fence (deploy/11-leader-fence-policy.yaml) refuses the
     // create: the sync fails, its retry waits a second, and the fence is in

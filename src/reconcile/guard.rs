@@ -24,15 +24,17 @@ use crate::reconcile::sync::sync;
 /// One sync of one Foo, timed and counted the way controller-runtime does.
 pub async fn reconcile(foo: Arc<Foo>, ctx: Arc<Context>) -> Result<Action> {
     let obj = ObjectRef::from_obj(&*foo);
-    if ctx.gate.as_deref().is_some_and(WriteGate::in_doubt) {
-        // The elector is checking the Lease after a refusal by the API
-        // server's fence: come back once it has, without dropping the Foo.
+    if ctx.gate.as_deref().is_some_and(WriteGate::interrupted) {
+        // A leader whose renewal is late, or whose elector is checking the
+        // Lease after a refusal by the API server's fence: come back once
+        // it has renewed, without dropping the Foo. Dropped, it would wait
+        // for its next change: the gate reopening syncs nothing.
         return Ok(Action::requeue(FIRST_RETRY));
     }
     if !may_write(ctx.gate.as_deref()) {
-        // A standby (or a leader past its renew deadline): nothing to do
-        // until it takes the Lease, which syncs every Foo. What triggered
-        // this is no work waiting, so the queue metrics do not count it.
+        // A standby: nothing to do until it takes the Lease, which syncs
+        // every Foo. What triggered this is no work waiting, so the queue
+        // metrics do not count it.
         ctx.metrics.queue.forget(&queue_key(&obj));
         ctx.caches.foos.done(&foo);
         return Ok(Action::await_change());

@@ -73,6 +73,17 @@ impl WriteGate {
         !self.in_doubt() && self.valid_until.lock().is_some_and(|until| Instant::now() < until)
     }
 
+    /// True while this replica leads but may not write for now: it held
+    /// since it last acquired the Lease, and either its last renewal is past
+    /// the renew deadline (a late renewal: the next one reopens the gate,
+    /// or the elector reports the Lease lost) or a refusal by the API
+    /// server's fence is being checked. Work it had should wait for the
+    /// gate, not be dropped as a standby drops it: nothing else brings that
+    /// work back once the gate reopens.
+    pub fn interrupted(&self) -> bool {
+        !self.holds() && self.valid_until.lock().is_some()
+    }
+
     /// True from a refusal by the API server's fence until the elector's
     /// next renewal.
     pub fn in_doubt(&self) -> bool {
@@ -192,8 +203,11 @@ mod tests {
         assert!(fence.holds());
         std::thread::sleep(Duration::from_millis(60));
         assert!(!fence.holds(), "past the deadline, as a paused leader is when it resumes");
+        assert!(fence.interrupted(), "a late renewal interrupts a leader, not a standby");
         fence.renewed(Instant::now(), Duration::from_secs(10));
-        assert!(fence.holds());
+        assert!(fence.holds() && !fence.interrupted());
+        fence.revoke();
+        assert!(!fence.holds() && !fence.interrupted(), "handed over: no leader any more");
     }
 
     #[test]
