@@ -303,7 +303,7 @@ run_lane() { # i profile suite...
 # ports). Its wall and CPU time go to $runner_timings.
 run_minor() { # i
   local i=$1 minor=${minors[$1]} profile start=$SECONDS stat suite sole=() together=() users=()
-  profile=$( ((i == 0)) && echo default || echo second)
+  profile=$( ((i == 0)) && echo first || echo second)
   await "plane-$minor" "the Kubernetes $minor control plane" planes
   use_plane "$minor"
   for suite in "${suites[@]}"; do

@@ -1013,7 +1013,10 @@ async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_
     let fenced_out = || async {
         guarded_writes(&standby, &ns, "standby").await.iter().all(|r| r.as_ref().is_some_and(is_fence_refusal))
     };
-    wait_until("the standby refused", FENCE_FOLLOWS, || async { fenced_out().await.then_some(()) }).await;
+    // The first time after the install, allowing for the API server to
+    // load the policies and start its informer of LeaderFences (the CRD
+    // may be new: other suites delete deploy/); what is timed is below.
+    wait_until("the standby refused", TIMEOUT, || async { fenced_out().await.then_some(()) }).await;
 
     let to_standby = json!({ "spec": { "holders": { DEPLOY_LEASE: format!("{}_0", standby_pod.name_any()) } } });
     for edit in ["deleted", "naming the standby"] {
