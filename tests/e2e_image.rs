@@ -180,8 +180,9 @@ fn container_pid(script_pid: u32) -> u64 {
     state["pid"].as_u64().expect("a running container")
 }
 
-/// The operator in its container; TERM makes hack/run-image.sh kill it.
-struct Contained(Operator);
+/// The operator in its container, on the host's ports (held until it has
+/// exited); TERM makes hack/run-image.sh kill it.
+struct Contained(Operator, #[allow(dead_code)] HostPorts);
 
 impl Drop for Contained {
     fn drop(&mut self) {
@@ -248,6 +249,7 @@ fn deployed_memory_limit(container: &Container) -> u64 {
 async fn run_as_deployed(image: &str, pod: &Pod) -> Contained {
     let container = deployed_container();
     let server = config().await.cluster_url;
+    let ports = HostPorts::lock();
     let mut run = Command::new("hack/run-image.sh");
     run.arg(image)
         .arg(service_account_files(pod).await)
@@ -256,7 +258,7 @@ async fn run_as_deployed(image: &str, pod: &Pod) -> Contained {
         .env("KUBERNETES_SERVICE_HOST", server.host().unwrap())
         .env("KUBERNETES_SERVICE_PORT", server.port_u16().unwrap().to_string())
         .env("MEMORY_LIMIT", deployed_memory_limit(&container).to_string());
-    Contained(start_logged(run, "image").await)
+    Contained(start_logged(run, "image").await, ports)
 }
 
 #[tokio::test]

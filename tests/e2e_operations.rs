@@ -367,6 +367,7 @@ async fn leader_cut_off_from_the_api_stops_and_the_standby_takes_over() {
 #[tokio::test]
 async fn a_bare_run_listens_only_for_probes_and_metrics_come_on_secure() {
     let ns = TestNamespace::new("bare").await;
+    let _ports = HostPorts::lock();
     let log = std::fs::File::create(format!("{}/{}-bare.log", env!("CARGO_TARGET_TMPDIR"), ns.name)).unwrap();
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sample-controller"));
     cmd.args(["--kubeconfig", &kubeconfig_path(), "--namespace", &ns.name])

@@ -52,6 +52,21 @@ pub struct Operator {
 }
 
 /// Send `signal` (`-TERM`, `-STOP`, `-CONT`) to the operator process.
+/// The host's fixed ports — 8081 and 8443, a bare run's and deploy/'s —
+/// held by one test at a time, across the test command's runners (they
+/// share the target directory): taken, it is released when dropped, after
+/// what bound them has exited (drop that first).
+pub struct HostPorts(#[allow(dead_code)] std::fs::File);
+
+impl HostPorts {
+    pub fn lock() -> Self {
+        let path = format!("{}/host-ports.lock", env!("CARGO_TARGET_TMPDIR"));
+        let file = std::fs::File::create(&path).unwrap_or_else(|e| panic!("create {path}: {e}"));
+        file.lock().unwrap_or_else(|e| panic!("lock {path}: {e}"));
+        HostPorts(file)
+    }
+}
+
 pub fn signal(op: &Operator, signal: &str) {
     let pid = op.child.id().to_string();
     assert!(Command::new("kill").args([signal, &pid]).status().unwrap().success(), "kill {signal} {pid}");
