@@ -18,8 +18,8 @@ use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::Resource;
 use kube::runtime::watcher;
-use serde::Deserialize;
 use serde::de::{Deserializer, SeqAccess, Visitor};
+use serde::{Deserialize, Serialize};
 
 use crate::api::foo::{Foo, FooSpec, FooStatus};
 
@@ -84,13 +84,15 @@ pub(crate) fn controller_reference<'de, D: Deserializer<'de>>(d: D) -> Result<Op
 }
 
 /// A Foo as the API server sends it, its metadata read by [`metadata`]:
-/// what the Foo watch decodes, and the status write's response.
-#[derive(Clone, Debug, Deserialize)]
+/// what the Foo watch decodes, and the status write's response. Encoded
+/// again, it is what was kept (a paged list's page:
+/// [`crate::client::lists`]).
+#[derive(Clone, Debug, Deserialize, Serialize)]
 pub struct FooWire {
     #[serde(deserialize_with = "metadata")]
     metadata: ObjectMeta,
     spec: FooSpec,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     status: Option<FooStatus>,
 }
 

@@ -15,6 +15,7 @@
 //! waited tens of seconds more than the server asked for.
 
 pub(crate) mod label_selector;
+pub(crate) mod lists;
 pub(crate) mod retry;
 pub(crate) mod watch;
 
@@ -122,18 +123,35 @@ pub(crate) fn patch_params() -> PatchParams {
 
 /// Send `request` and decode its response without ever holding a large one
 /// whole (kube's own calls hold it twice, as bytes and as text, beside the
-/// decoded object): up to [`IN_PLACE`] bytes are read and decoded here; a
-/// longer body is decoded as it streams in, by serde on a blocking thread
-/// through a synchronous bridge. With a `T` that skips what it does not
-/// need ([`crate::api::wire`]), a response's size costs no memory, and the
-/// common small response costs no thread.
+/// decoded object): see [`decode_streamed`].
 pub(crate) async fn send_streamed<T>(client: &Client, request: http::Request<Vec<u8>>) -> kube::Result<T>
+where
+    T: serde::de::DeserializeOwned + Send + 'static,
+{
+    decode_read(client.request_stream(request).await?).await
+}
+
+/// Decode a response's `body` as it streams in: up to [`IN_PLACE`] bytes
+/// are read and decoded here; a longer body is decoded as it arrives, by
+/// serde on a blocking thread through a synchronous bridge. With a `T` that
+/// skips what it does not need ([`crate::api::wire`]), a response's size
+/// costs no memory, and the common small response costs no thread.
+pub(crate) async fn decode_streamed<T>(body: Body) -> kube::Result<T>
+where
+    T: serde::de::DeserializeOwned + Send + 'static,
+{
+    use futures::TryStreamExt;
+    use http_body_util::BodyExt;
+    decode_read(body.into_data_stream().map_err(std::io::Error::other).into_async_read()).await
+}
+
+async fn decode_read<T>(body: impl futures::AsyncRead + Send + 'static) -> kube::Result<T>
 where
     T: serde::de::DeserializeOwned + Send + 'static,
 {
     use futures::AsyncReadExt;
     use tokio_util::compat::FuturesAsyncReadCompatExt;
-    let mut body = Box::pin(client.request_stream(request).await?);
+    let mut body = Box::pin(body);
     let mut start = Vec::new();
     let read = (&mut body).take(IN_PLACE).read_to_end(&mut start).await.map_err(kube::Error::ReadEvents)?;
     if (read as u64) < IN_PLACE {
@@ -147,7 +165,7 @@ where
         .map_err(kube::Error::SerdeError)
 }
 
-/// The longest response [`send_streamed`] decodes in place: a Foo's status
+/// The longest response [`decode_streamed`] decodes in place: a Foo's status
 /// write answers with a few kilobytes, a page of 500 Deployments' metadata
 /// with a megabyte or more.
 const IN_PLACE: u64 = 64 * 1024;

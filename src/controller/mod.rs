@@ -24,6 +24,7 @@ use crate::api::shard::Shard;
 use crate::api::wire::{FooWire, foo_event};
 use crate::cache::{Caches, DeploymentCache, FooCache, by_name, trim_deployment, trim_foo};
 use crate::client::api;
+use crate::client::lists::decoding_lists;
 use crate::client::watch::watch;
 use crate::controller::backlog::{Backlog, Lane};
 use crate::controller::triggers::{changed_deployments, changed_foos, waiting_for};
@@ -115,15 +116,19 @@ pub fn build(
     let deployment_watch = base.labels(&shard.narrow(&managed_selector()));
     let foos = FooCache::new(trim_foo(shard));
     let deployments = DeploymentCache::new(trim_deployment(shard));
-    // Decoded without what a sync never reads (`wire`).
-    let foo_events = watch(api::<FooWire>(client, settings.namespace.as_deref()), foo_watch).map_ok(foo_event);
+    // Decoded without what a sync never reads (`wire`), paged lists too
+    // (`decoding_lists`).
+    let (foo_client, deployment_client) = (decoding_lists::<FooWire>(client), decoding_lists::<DeploymentView>(client));
+    let foo_events = watch(api::<FooWire>(&foo_client, settings.namespace.as_deref()), foo_watch).map_ok(foo_event);
     let (freed, freed_names) = futures::channel::mpsc::unbounded();
-    let deployment_events = watch(api::<DeploymentView>(client, settings.namespace.as_deref()), deployment_watch)
-        .inspect(move |event| {
-            if let Ok(watcher::Event::Delete(d)) = event {
-                let _ = freed.unbounded_send(ObjectRef::from_obj(d));
-            }
-        });
+    let deployment_events =
+        watch(api::<DeploymentView>(&deployment_client, settings.namespace.as_deref()), deployment_watch).inspect(
+            move |event| {
+                if let Ok(watcher::Event::Delete(d)) = event {
+                    let _ = freed.unbounded_send(ObjectRef::from_obj(d));
+                }
+            },
+        );
     // What triggers a sync, counted as the workqueue's adds (the backlog
     // counts its own). A Foo's own status write changes its resourceVersion,
     // not its generation: it wakes no sync (the first sight of each Foo
