@@ -1,29 +1,32 @@
-//! The first syncs, paced. On a start or taking the Lease, every Foo is
-//! synced once (on a relist, those it finds changed and the owners of the
-//! Deployments it lists), and nearly all those syncs find nothing to do. Queued
-//! all at once (as kube-runtime's `reconcile_all_on` and a list's triggers
-//! do) they stand in front of whatever changes meanwhile: at 100 000 Foos an
-//! edit made during a start waited up to 1.8 s behind them. And each waits
-//! as a whole Foo in the store the syncs read ([`crate::cache::foos`]): at
-//! 100 000 never-synced Foos the peak of a start was 343.5 MiB, 267.2 once
-//! they were paced (docs/api-cost.md).
+//! Every sync a trigger asks for, paced and shared fairly between
+//! namespaces, before it reaches kube-runtime's queue.
 //!
-//! So every sync a list (or taking the Lease) asks for waits here, and the
-//! backlog lets into the controller's queue only as many as its room at a
-//! time: first those that need a sync ([`Lane::Soon`]: never synced, edited
-//! since, or found changed by a relist), then those whose status shows
-//! their generation observed ([`Lane::Later`]). A change seen by a watch
-//! (an edit, a Deployment's event) goes straight in ([`Lane::Now`]) and
-//! overtakes them all. The room is small because the queue does not keep
-//! order: once every worker is busy, kube-runtime's scheduler holds what is
-//! due in a hash set and takes from it in hash order, so a change waits
-//! behind a share of what the backlog let in, and of what it lets in while
-//! the change waits. The backlog lets Foos in first in first out per lane,
-//! soon before later, as fast as the workers take them, and what it let in
-//! queues as an equal of every other trigger. Only a list or taking the
-//! Lease fills the soon lane, so a Foo in sync waits at most for what they
-//! found, never for ever (the aging that controller-runtime's priority
-//! queue gives its low-priority items).
+//! On a start or taking the Lease, every Foo is synced once (on a relist,
+//! those it finds changed and the owners of the Deployments it lists), and
+//! nearly all those syncs find nothing to do. Queued all at once (as
+//! kube-runtime's `reconcile_all_on` and a list's triggers do) they stand in
+//! front of whatever changes meanwhile: at 100 000 Foos an edit made during
+//! a start waited up to 1.8 s behind them, and each waited as a whole Foo in
+//! the store the syncs read ([`crate::cache::foos`]). A tenant's burst of
+//! new Foos did the same to every other namespace's changes.
+//!
+//! So every sync waits here first, and the backlog lets into the
+//! controller's queue only as many as its room at a time, by lane: a change
+//! a watch reports ([`Lane::Now`]: an edit, a new Foo, a Deployment's
+//! event), then listed Foos that need a sync ([`Lane::Soon`]: never synced,
+//! edited since, or found changed by a relist), then those whose status
+//! shows their generation observed ([`Lane::Later`]) — upstream's order,
+//! changes before resyncs. Within a lane the namespaces take turns, one Foo
+//! each, and each namespace's Foos go first in first out: a Foo created in
+//! a quiet namespace waits for one Foo of each busy one, not for their
+//! thousands. The room is small because the queue does not keep order: once
+//! every worker is busy, kube-runtime's scheduler holds what is due in a
+//! hash set and takes from it in hash order, so a Foo let in waits behind
+//! at most a room's worth. Only a list or taking the Lease fills the lower
+//! lanes, so a Foo in sync waits at most for what they found and for the
+//! changes meanwhile (the aging that controller-runtime's priority queue
+//! gives its low-priority items). A Foo waits as two short strings shared
+//! by its entries, not as the whole Foo.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
@@ -60,6 +63,14 @@ pub(crate) enum Lane {
 }
 
 impl Lane {
+    /// The lanes, first served first.
+    const IN_TURN: [Lane; 3] = [Lane::Now, Lane::Soon, Lane::Later];
+
+    /// Its place in [`Lane::IN_TURN`]: the lower, the sooner.
+    fn rank(self) -> usize {
+        self as usize
+    }
+
     /// How the queue's metrics rank a Foo of this lane: what needs a sync
     /// as a change, what most likely does not as a first sync.
     fn priority(self) -> Priority {
@@ -94,15 +105,42 @@ pub struct Backlog {
 
 #[derive(Default)]
 struct State {
-    soon: VecDeque<ObjectRef<Foo>>,
-    later: VecDeque<ObjectRef<Foo>>,
-    /// The lane each waiting Foo is let in from, so that it waits once: a
-    /// start lists a Foo twice, as a Foo and as the owner of its
-    /// Deployment. A Foo moved up from `later` to `soon` stays in `later`
-    /// too, and is passed over there.
-    waiting: HashMap<ObjectRef<Foo>, Lane>,
+    /// What waits, by namespace.
+    spaces: HashMap<Arc<str>, Space>,
+    /// For each lane (by [`Lane::rank`]), the namespaces with a Foo in it,
+    /// in the order of their turns.
+    turns: [VecDeque<Arc<str>>; 3],
     /// Let in, and not yet taken by a worker.
     let_in: HashSet<Key>,
+}
+
+/// The Foos of one namespace that wait.
+#[derive(Default)]
+struct Space {
+    /// The lane each waiting Foo is let in from, so that it waits once: a
+    /// start lists a Foo twice, as a Foo and as the owner of its
+    /// Deployment. A Foo moved up to a sooner lane stays in the later one
+    /// too, and is passed over there.
+    waiting: HashMap<Arc<str>, Lane>,
+    /// For each lane, its Foos' names, first in first out.
+    lanes: [VecDeque<Arc<str>>; 3],
+}
+
+impl Space {
+    /// The next Foo waiting in `lane`, passing over those that moved up.
+    fn pop(&mut self, lane: Lane) -> Option<Arc<str>> {
+        while let Some(name) = self.lanes[lane.rank()].pop_front() {
+            if self.waiting.get(&name) == Some(&lane) {
+                self.waiting.remove(&name);
+                return Some(name);
+            }
+        }
+        None
+    }
+
+    fn is_empty(&self) -> bool {
+        self.waiting.is_empty() && self.lanes.iter().all(VecDeque::is_empty)
+    }
 }
 
 impl Backlog {
@@ -166,57 +204,66 @@ impl Backlog {
 
 impl State {
     fn push(&mut self, foo: ObjectRef<Foo>, lane: Lane) {
-        // A change goes to the controller, not here; pushed here, it is
-        // paced as one that needs a sync.
-        let lane = if lane == Lane::Later { Lane::Later } else { Lane::Soon };
-        match self.waiting.get(&foo) {
-            None => {}
-            Some(Lane::Later) if lane == Lane::Soon => {}
-            Some(_) => return,
+        let namespace = foo.namespace.as_deref().unwrap_or_default();
+        let namespace = match self.spaces.get_key_value(namespace) {
+            Some((known, _)) => known.clone(),
+            None => Arc::from(namespace),
+        };
+        let space = self.spaces.entry(namespace.clone()).or_default();
+        let name = match space.waiting.get_key_value(foo.name.as_str()) {
+            Some((_, waits)) if waits.rank() <= lane.rank() => return,
+            Some((known, _)) => known.clone(),
+            None => Arc::from(foo.name.as_str()),
+        };
+        space.waiting.insert(name.clone(), lane);
+        let queue = &mut space.lanes[lane.rank()];
+        if queue.is_empty() {
+            self.turns[lane.rank()].push_back(namespace);
         }
-        self.waiting.insert(foo.clone(), lane);
-        match lane {
-            Lane::Later => self.later.push_back(foo),
-            _ => self.soon.push_back(foo),
-        }
+        queue.push_back(name);
     }
 
     fn next(&mut self, room: usize) -> Option<ObjectRef<Foo>> {
         if self.let_in.len() >= room {
             return None;
         }
-        let foo = self.pop();
+        let foo = Lane::IN_TURN.into_iter().find_map(|lane| self.pop(lane));
         self.let_go();
         let foo = foo?;
         self.let_in.insert(queue_key(&foo));
         Some(foo)
     }
 
-    /// The next Foo waiting, soon before later, passing over the entries
-    /// of those that moved up.
-    fn pop(&mut self) -> Option<ObjectRef<Foo>> {
-        loop {
-            let (foo, lane) = match self.soon.pop_front() {
-                Some(foo) => (foo, Lane::Soon),
-                None => (self.later.pop_front()?, Lane::Later),
-            };
-            if self.waiting.get(&foo) == Some(&lane) {
-                self.waiting.remove(&foo);
-                return Some(foo);
+    /// The next Foo waiting in `lane`: the first of the namespace whose
+    /// turn it is, which then goes to the back of the line if it has more.
+    fn pop(&mut self, lane: Lane) -> Option<ObjectRef<Foo>> {
+        let turns = &mut self.turns[lane.rank()];
+        while let Some(namespace) = turns.pop_front() {
+            let Some(space) = self.spaces.get_mut(&namespace) else { continue };
+            let name = space.pop(lane);
+            if !space.lanes[lane.rank()].is_empty() {
+                turns.push_back(namespace.clone());
+            } else if space.is_empty() {
+                self.spaces.remove(&namespace);
+            }
+            if let Some(name) = name {
+                return Some(ObjectRef::new(&name).within(&namespace));
             }
         }
+        None
     }
 
     /// The tables a drained burst of 100 000 grew (a start's list), given
-    /// back: a queue once empty, the table of what waits once nothing does.
+    /// back: a namespace's with it, once nothing of it waits; the lines of
+    /// turns and the table of namespaces once empty.
     fn let_go(&mut self) {
-        for lane in [&mut self.soon, &mut self.later] {
-            if lane.is_empty() && lane.capacity() > ROOM_KEPT {
-                lane.shrink_to(ROOM_KEPT);
+        for turns in &mut self.turns {
+            if turns.is_empty() && turns.capacity() > ROOM_KEPT {
+                turns.shrink_to(ROOM_KEPT);
             }
         }
-        if self.waiting.is_empty() && self.waiting.capacity() > 2 * ROOM_KEPT {
-            self.waiting.shrink_to(ROOM_KEPT);
+        if self.spaces.is_empty() && self.spaces.capacity() > ROOM_KEPT {
+            self.spaces.shrink_to(ROOM_KEPT);
         }
     }
 }
@@ -251,6 +298,88 @@ mod tests {
         Arc::new(Backlog::new(workers, Arc::new(QueueMetrics::default())))
     }
 
+    /// `name` in `namespace`, as a trigger names it.
+    fn foo_in(namespace: &str, name: &str) -> ObjectRef<Foo> {
+        ObjectRef::new(name).within(namespace)
+    }
+
+    /// Nothing waits, and the tables a burst grew are given back.
+    fn assert_let_go(backlog: &Backlog) {
+        let state = backlog.state.lock();
+        assert!(state.spaces.is_empty(), "{} namespaces still wait", state.spaces.len());
+        assert!(state.spaces.capacity() <= ROOM_KEPT, "{} slots kept", state.spaces.capacity());
+        let kept: Vec<usize> = state.turns.iter().map(VecDeque::capacity).collect();
+        assert!(kept.iter().all(|&slots| slots <= ROOM_KEPT), "{kept:?} slots kept");
+    }
+
+    /// Take every Foo `backlog` lets in, as a worker would, until it lets
+    /// in no more: their names, in order.
+    fn drain(backlog: &Arc<Backlog>) -> Vec<String> {
+        let mut stream = Box::pin(backlog.clone().stream());
+        std::iter::from_fn(|| stream.next().now_or_never().flatten())
+            .map(|foo| {
+                backlog.taken(&queue_key(&foo));
+                format!("{}/{}", foo.namespace.unwrap_or_default(), foo.name)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_foo_created_in_a_quiet_namespace_waits_for_one_of_a_busy_namespaces_not_its_thousands() {
+        let backlog = backlog(1);
+        (0..10_000).for_each(|i| backlog.push(foo_in("busy", &format!("foo-{i}")), Lane::Now));
+        let mut stream = Box::pin(backlog.clone().stream());
+        let first = ready(&mut stream);
+        assert_eq!(names(&first), ["foo-0", "foo-1"], "one room's worth");
+        backlog.push(foo_in("quiet", "new"), Lane::Now);
+        backlog.taken("busy/foo-0");
+        assert_eq!(names(&ready(&mut stream)), ["foo-2"], "the busy namespace's turn was next");
+        backlog.taken("busy/foo-1");
+        assert_eq!(ready(&mut stream), [foo_in("quiet", "new")], "then the quiet one's");
+    }
+
+    #[test]
+    fn namespaces_take_turns_within_each_lane_and_a_change_still_comes_before_any_listed_foo() {
+        let backlog = backlog(100);
+        for (ns, n) in [("a", 3), ("b", 1), ("c", 2)] {
+            (0..n).for_each(|i| backlog.push(foo_in(ns, &format!("listed-{i}")), Lane::Later));
+        }
+        (0..2).for_each(|i| backlog.push(foo_in("c", &format!("new-{i}")), Lane::Soon));
+        (0..3).for_each(|i| backlog.push(foo_in("a", &format!("edited-{i}")), Lane::Now));
+        backlog.push(foo_in("b", "edited-0"), Lane::Now);
+        assert_eq!(
+            drain(&backlog),
+            [
+                "a/edited-0",
+                "b/edited-0",
+                "a/edited-1",
+                "a/edited-2", // the changes, in turns
+                "c/new-0",
+                "c/new-1", // then what a list found needing a sync
+                "a/listed-0",
+                "b/listed-0",
+                "c/listed-0",
+                "a/listed-1",
+                "c/listed-1",
+                "a/listed-2",
+            ]
+        );
+        assert_let_go(&backlog);
+    }
+
+    #[test]
+    fn a_listed_foo_edited_while_it_waits_is_let_in_once_as_a_change() {
+        let backlog = backlog(100);
+        backlog.push(foo_in("a", "x"), Lane::Later);
+        backlog.push(foo_in("a", "y"), Lane::Later);
+        backlog.push(foo_in("b", "x"), Lane::Soon);
+        backlog.push(foo_in("a", "y"), Lane::Now);
+        backlog.push(foo_in("a", "y"), Lane::Soon);
+        backlog.push(foo_in("b", "x"), Lane::Later);
+        assert_eq!(drain(&backlog), ["a/y", "b/x", "a/x"]);
+        assert_let_go(&backlog);
+    }
+
     #[test]
     fn a_foo_in_sync_when_last_synced_waits_later_and_a_new_edited_or_upstream_synced_one_soon() {
         assert_eq!(first_sync_lane(&in_sync("a")), Lane::Later);
@@ -264,7 +393,7 @@ mod tests {
     }
 
     #[test]
-    fn a_foo_that_needs_a_sync_overtakes_those_in_sync_and_both_wait_for_room() {
+    fn a_foo_that_needs_a_sync_overtakes_those_in_sync_and_all_wait_for_room() {
         let backlog = backlog(1);
         let waiting: Vec<Foo> = (0..ROOM_PER_WORKER + 3).map(|i| in_sync(&format!("foo-{i}"))).collect();
         backlog.push_lanes(lanes(&waiting));
@@ -319,8 +448,7 @@ mod tests {
         }
         let in_order: Vec<String> = (0..1000).map(|i| format!("foo-{i}")).collect();
         assert_eq!(drained, in_order, "first in, first out");
-        assert!(backlog.state.lock().later.capacity() <= ROOM_KEPT, "a drained backlog lets its table go");
-        assert!(backlog.state.lock().waiting.capacity() <= 2 * ROOM_KEPT, "and the table of what waits");
+        assert_let_go(&backlog);
     }
 
     #[test]
@@ -338,9 +466,7 @@ mod tests {
         }
         let in_order: Vec<String> = (0..1000).map(|i| format!("new-{i}")).collect();
         assert_eq!(let_in, in_order);
-        let state = backlog.state.lock();
-        assert!(state.soon.capacity() <= ROOM_KEPT, "{} slots kept", state.soon.capacity());
-        assert!(state.waiting.capacity() <= 2 * ROOM_KEPT, "{} slots kept", state.waiting.capacity());
+        assert_let_go(&backlog);
     }
 
     #[test]
@@ -365,11 +491,7 @@ mod tests {
                 let_in += 1;
             }
             assert!(let_in >= 1000, "{let_in} let in");
-            let state = backlog.state.lock();
-            assert!(state.waiting.is_empty(), "{} still wait", state.waiting.len());
-            assert!(state.waiting.capacity() <= 2 * ROOM_KEPT, "{} slots kept", state.waiting.capacity());
-            let kept = (state.soon.capacity(), state.later.capacity());
-            assert!(kept.0 <= ROOM_KEPT && kept.1 <= ROOM_KEPT, "{kept:?} slots kept");
+            assert_let_go(&backlog);
         }
     }
 }

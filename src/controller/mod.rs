@@ -65,35 +65,16 @@ impl Backoff for EachWatchBacksOff {
     fn reset(&mut self) {}
 }
 
-/// What each trigger does before the `Controller` hears of it: put the Foo
-/// where the sync will read it ([`FooCache::schedule`]) and count it as
-/// the workqueue's add.
-fn waking(foos: &Arc<FooCache>, queue: &Arc<QueueMetrics>) -> impl Fn(&ObjectRef<Foo>) + Send + Sync + 'static {
-    let (foos, queue) = (foos.clone(), queue.clone());
-    move |foo| {
-        foos.schedule(foo);
-        queue.added(queue_key(foo));
-    }
+/// Put the Foo `foo` names in `backlog`, by `lane`; the Controller hears of
+/// it when the backlog lets it in, so its trigger stream gets nothing.
+fn wait<T>(backlog: &Backlog, foo: ObjectRef<Foo>, lane: Lane) -> Option<T> {
+    backlog.push(foo, lane);
+    None
 }
 
-/// Where a Foo the watch found worth a sync goes: a change straight to
-/// the controller (woken first), a listed Foo to wait in `backlog`.
-fn route(change: (Foo, Lane), backlog: &Backlog, wake: &impl Fn(&ObjectRef<Foo>)) -> Option<Foo> {
-    match change {
-        (foo, Lane::Now) => {
-            wake(&ObjectRef::from_obj(&foo));
-            Some(foo)
-        }
-        (foo, lane) => {
-            backlog.push(by_name(&foo), lane);
-            None
-        }
-    }
-}
-
-/// Build the controller, the caches its syncs read, and the backlog its
-/// first syncs wait in (see [`crate::controller::backlog`]; taking the Lease fills it
-/// too). Only the Deployments labelled as made by this controller are
+/// Build the controller, the caches its syncs read, and the backlog every
+/// sync waits in (see [`crate::controller::backlog`]; taking the Lease fills
+/// it too). Only the Deployments labelled as made by this controller are
 /// watched: upstream's informer caches every Deployment in the cluster;
 /// other people's never reach this one.
 pub fn build(
@@ -129,25 +110,24 @@ pub fn build(
                 }
             },
         );
-    // What triggers a sync, counted as the workqueue's adds (the backlog
-    // counts its own). A Foo's own status write changes its resourceVersion,
-    // not its generation: it wakes no sync (the first sight of each Foo
-    // does, and a change of the labels its Deployment follows:
-    // `changed_foos`).
+    // Every trigger waits in the backlog, which counts it as the
+    // workqueue's add; the Controller hears only of what it lets in, and of
+    // the watches' errors. A Foo's own status write changes its
+    // resourceVersion, not its generation: it wakes no sync (the first
+    // sight of each Foo does, and a change of the labels its Deployment
+    // follows: `changed_foos`).
     queue.set_workers(settings.workers.into());
-    let backlog = Arc::new(Backlog::new(settings.workers, queue.clone()));
-    let (wake1, wake2, wake3) = (waking(&foos, &queue), waking(&foos, &queue), waking(&foos, &queue));
-    let (b1, b2, f4) = (backlog.clone(), backlog.clone(), foos.clone());
+    let backlog = Arc::new(Backlog::new(settings.workers, queue));
+    let (b1, b2, b3, f4) = (backlog.clone(), backlog.clone(), backlog.clone(), foos.clone());
     let foo_triggers = changed_foos(foos.reflect(foo_events))
-        .filter_map(move |change| std::future::ready(change.map(|c| route(c, &b1, &wake1)).transpose()));
+        .try_filter_map(move |(foo, lane)| std::future::ready(Ok(wait(&b1, by_name(&foo), lane))));
     // Deletions too: a Deployment deleted by hand is put back.
-    let owned_triggers = changed_deployments(deployments.reflect(deployment_events), b2).inspect(move |d| {
-        if let Ok(foo) = d.as_ref().map(controlling_foo) {
-            foo.iter().for_each(&wake2);
-        }
-    });
-    let freed_triggers = waiting_for(foos.clone(), freed_names).inspect(wake3);
-    // The backlog counts its own adds.
+    let owned_triggers =
+        changed_deployments(deployments.reflect(deployment_events), b2.clone()).try_filter_map(move |d| {
+            std::future::ready(Ok(controlling_foo(&d).and_then(|foo| wait::<DeploymentView>(&b2, foo, Lane::Now))))
+        });
+    let freed_triggers =
+        waiting_for(foos.clone(), freed_names).filter_map(move |foo| std::future::ready(wait(&b3, foo, Lane::Now)));
     let let_in = backlog.clone().stream().inspect(move |foo| f4.schedule(foo));
 
     let controller = Controller::for_stream(foo_triggers, foos.store())
@@ -216,20 +196,6 @@ mod tests {
     fn let_in(backlog: &Arc<Backlog>) -> Vec<String> {
         let mut stream = Box::pin(backlog.clone().stream());
         std::iter::from_fn(|| stream.next().now_or_never().flatten()).map(|foo| foo.name).collect()
-    }
-
-    #[test]
-    fn a_change_goes_straight_to_the_controller_and_a_listed_foo_to_the_backlog() {
-        let backlog = Arc::new(Backlog::new(1, Arc::new(QueueMetrics::default())));
-        let woken = std::sync::Mutex::new(Vec::new());
-        let wake = |foo: &ObjectRef<Foo>| woken.lock().unwrap().push(foo.name.clone());
-        let edited = route((Foo::test("edited"), Lane::Now), &backlog, &wake);
-        assert_eq!(edited.and_then(|foo| foo.metadata.name).as_deref(), Some("edited"));
-        for (name, lane) in [("synced", Lane::Later), ("new", Lane::Soon)] {
-            assert!(route((Foo::test(name), lane), &backlog, &wake).is_none(), "{name} went straight in");
-        }
-        assert_eq!(*woken.lock().unwrap(), ["edited"]);
-        assert_eq!(let_in(&backlog), ["new", "synced"], "the one that needs a sync first");
     }
 
     #[test]

@@ -1,8 +1,8 @@
 //! What wakes a sync: the Foo watch's events (a Foo first seen, or changed
 //! where a sync reads it), the Deployment watch's (a change or deletion of
 //! one a Foo owns), and a Deployment name freed for the Foo that waited for
-//! it. What a list finds waits in the backlog
-//! ([`crate::controller::backlog`]), so that changes overtake it.
+//! it. Each waits in the backlog ([`crate::controller::backlog`]) in its
+//! lane: a change a watch reports before what a list finds.
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
@@ -90,8 +90,8 @@ fn remember(seen: &mut Seen, relist: Option<&mut Seen>, foo: Foo, lane: Lane) ->
     (before != Some(now)).then_some((foo, lane))
 }
 
-/// The Deployment watch's events, as `owns_stream` takes them: a change or
-/// a deletion goes straight in; a listed Deployment (a start, a relist)
+/// The Deployment watch's events: a change or a deletion is passed on (its
+/// Foo waits as a change); a listed Deployment (a start, a relist)
 /// sends its Foo to wait in `backlog`, as the Foo's own listing does (one a
 /// relist finds changed too: nothing here says which changed while the
 /// watch was down; the backlog still syncs it within seconds).
