@@ -44,10 +44,12 @@
 #   MODE=ha hack/bench.sh          # two replicas as deploy/ runs them: hack/bench-ha.sh
 #   MODE=overload hack/bench.sh    # under injected faults, beside client-go: hack/bench-overload.sh
 #   MODE=peers hack/bench.sh       # beside controller-runtime, and through restarts and failovers: hack/bench-peers.sh
+#   MODE=fairness hack/bench.sh    # a start's peak against its rest, a burst against another namespace, beside a baseline: hack/bench-fairness.sh
 set -euo pipefail
 [[ "${MODE:-}" == ha ]] && exec "$(dirname "${BASH_SOURCE[0]}")/bench-ha.sh"
 [[ "${MODE:-}" == overload ]] && exec "$(dirname "${BASH_SOURCE[0]}")/bench-overload.sh"
 [[ "${MODE:-}" == peers ]] && exec "$(dirname "${BASH_SOURCE[0]}")/bench-peers.sh"
+[[ "${MODE:-}" == fairness ]] && exec "$(dirname "${BASH_SOURCE[0]}")/bench-fairness.sh"
 source "$(dirname "${BASH_SOURCE[0]}")/bench-lib.sh"
 N="${N:-1000}"
 WINDOW="${WINDOW:-60}"
