@@ -160,6 +160,73 @@ async fn two_replicas_elect_exactly_one_leader_and_only_it_writes() {
     }
 }
 
+/// `kubectl delete lease` under a running pair without the API server's
+/// fence (the candidates act as users no policy judges), while Foos are
+/// edited: the leader's watch sees the deletion and stops writing at once,
+/// and the standby makes the Lease again only a lease duration after it saw
+/// the deletion. The audit log shows no write of the deposed leader after
+/// the new leader's first: never two writers.
+#[tokio::test]
+async fn a_deleted_lease_never_yields_two_writers() {
+    let ns = TestNamespace::new("lease-deleted").await;
+    let (a, b) = (candidate_as(&ns, "a").await, candidate_as(&ns, "b").await);
+    let users = [candidate_user(&ns, "a"), candidate_user(&ns, "b")];
+    let leader = one_leader(&[&a, &b]).await;
+    let standby = if leader == 0 { &b } else { &a };
+    let foos: Vec<String> = (0..5).map(|i| format!("edited-{i}")).collect();
+    for name in &foos {
+        create_foo(&ns.api(), name, name, Some(1)).await;
+    }
+    // Foos edited throughout: the leader has writes to make at any moment.
+    let done = AtomicBool::new(false);
+    let editing = async {
+        for round in 1.. {
+            for name in &foos {
+                let patch = json!({ "spec": { "replicas": round % 3 + 1 } });
+                let _ = ns.api::<Foo>().patch(name, &Default::default(), &kube::api::Patch::Merge(&patch)).await;
+            }
+            if done.load(Ordering::SeqCst) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    let deleting = async {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let deleted_at = Timestamp::now();
+        ns.kubectl_ok(&["delete", "lease", TEST_LEASE]);
+        wait_until("the standby to lead", TIMEOUT, || async {
+            (metric(standby, LEADER_SERIES).await? == 1.0).then_some(())
+        })
+        .await;
+        // The new leader at work on the edits for a while.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        done.store(true, Ordering::SeqCst);
+        deleted_at
+    };
+    let ((), deleted_at) = tokio::join!(editing, deleting);
+    settled_requests(&ns.name, Duration::from_secs(2)).await;
+
+    let writes: Vec<Audited> = audited(&ns.name, USER_AGENT)
+        .into_iter()
+        .filter(|r| r.at > deleted_at && WRITES.contains(&r.verb.as_str()))
+        .collect();
+    let (deposed, new) = (&users[leader], &users[1 - leader]);
+    let first_new = writes.iter().filter(|r| r.user == *new).map(|r| r.at).min().expect("the new leader wrote");
+    let late: Vec<&Audited> = writes.iter().filter(|r| r.user == *deposed && r.at >= first_new).collect();
+    let last_deposed = writes.iter().filter(|r| r.user == *deposed).map(|r| r.at).max();
+    println!(
+        "Lease deleted: the deposed leader's last write {:?} s after, the new leader's first {:.2} s after",
+        last_deposed.map(|t| seconds(deleted_at, t)),
+        seconds(deleted_at, first_new)
+    );
+    assert!(late.is_empty(), "the deposed leader wrote after the new leader's first write: {late:?}");
+    assert!(
+        seconds(deleted_at, first_new) >= LEASE.as_secs_f64(),
+        "the standby made the Lease again before a lease duration had passed"
+    );
+}
+
 #[tokio::test]
 async fn an_idle_pair_costs_one_lease_write_per_renewal_and_nothing_else() {
     let ns = TestNamespace::new("quiet").await;

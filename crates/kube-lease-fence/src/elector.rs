@@ -4,7 +4,8 @@ use std::pin::pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use futures::{Stream, StreamExt};
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
@@ -61,12 +62,18 @@ pub struct LeaderConfig {
     pub retry_cap: Duration,
 }
 
-/// Why leadership ended.
+/// Why leadership ended. The gate is shut before it is reported.
 #[derive(Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum Lost {
-    /// Another candidate holds the Lease now.
+    /// Another candidate holds the Lease now (empty: the Lease names no
+    /// holder, as someone else's write left it).
     #[error("{0} holds it now")]
     TakenOver(String),
+    /// The Lease was deleted: a standby takes it over only a lease duration
+    /// after it saw the deletion.
+    #[error("the Lease was deleted")]
+    Deleted,
     /// No renewal succeeded within the renew deadline.
     #[error("no renewal succeeded within the renew deadline")]
     RenewDeadline,
@@ -91,7 +98,17 @@ pub struct Elector<W: Watches = DefaultBackoff> {
     /// made from it, so it carries the resourceVersion that makes the write
     /// conditional (no read before a write).
     lease: Option<Lease>,
+    /// Whether `lease` says anything yet: the watch's first list (or a read
+    /// while the watch fails) has come.
+    known: bool,
     observed: Option<LeaseSeen>,
+    /// The watch of the Lease, opened once and kept from the first
+    /// `acquire` on: a standby times expiry by it, a leader sees a deletion
+    /// or another holder by it.
+    lease_watch: Option<BoxStream<'static, Result<Option<Lease>, watcher::Error>>>,
+    /// When the last successful acquire or renewal began: the renew
+    /// deadline runs from it.
+    last_renew: Option<Instant>,
 }
 
 /// The last Lease record a candidate saw, and when it first saw it, on its
@@ -102,7 +119,13 @@ pub struct Elector<W: Watches = DefaultBackoff> {
 struct LeaseSeen {
     holder: Option<String>,
     renew_time: Option<MicroTime>,
-    since: Instant,
+    /// The record's `leaseDurationSeconds`.
+    duration: Option<Duration>,
+    /// The Lease was deleted: this is when the deletion was seen, and the
+    /// rest is the record it deleted.
+    deleted: bool,
+    /// On tokio's clock, which tests may pause.
+    since: tokio::time::Instant,
 }
 
 impl Elector {
@@ -128,7 +151,10 @@ impl<W: Watches> Elector<W> {
             watches,
             cfg,
             lease: None,
+            known: false,
             observed: None,
+            lease_watch: None,
+            last_renew: None,
         })
     }
 
@@ -148,28 +174,55 @@ impl<W: Watches> Elector<W> {
 
     /// Wait until this candidate holds the Lease. A standby reads nothing:
     /// it watches the Lease and times its expiry on its own clock, so
-    /// waiting costs no request beyond the watch's.
+    /// waiting costs no request beyond the watch's. A Lease deleted under
+    /// its holder counts as a change of record: it is taken only a lease
+    /// duration after the deletion was seen (the holder's watch sees it
+    /// too, and stops writing at once). While the watch fails (no right to
+    /// list or watch Leases, say), each failure is a WARN and the Lease is
+    /// read every retry period instead.
     pub async fn acquire(&mut self) {
-        let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
-        let mut changes = pin!(lease_states(&self.watches, self.api.clone(), wc));
+        let mut changes = self.take_lease_watch();
         info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "waiting to lead");
-        // Nothing is known until the watch's first list.
-        let mut wait = None;
+        // Nothing is known until the watch's first list, or a read.
+        let (mut wait, mut failing) = (None, false);
         loop {
             tokio::select! {
                 state = changes.next() => match state {
-                    Some(lease) => self.saw(lease),
+                    Some(Ok(lease)) => {
+                        failing = false;
+                        self.saw(lease);
+                    }
+                    Some(Err(e)) => {
+                        warn!(lease = %self.cfg.lease_name, error = %e, "cannot watch the Lease; reading it every retry period meanwhile");
+                        failing = true;
+                        wait = Some(self.cfg.retry_period);
+                        continue;
+                    }
                     // The watcher retries for ever; it never ends.
                     None => return std::future::pending().await,
                 },
-                _ = sleep_or_pending(wait) => {}
+                _ = sleep_or_pending(wait) => if failing {
+                    match self.api.get_opt(&self.cfg.lease_name).await {
+                        Ok(lease) => self.saw(lease),
+                        Err(e) => {
+                            warn!(lease = %self.cfg.lease_name, error = %e, "cannot read the Lease");
+                            wait = Some(self.cfg.retry_period);
+                            continue;
+                        }
+                    }
+                },
+            }
+            if !self.known {
+                continue;
             }
             let attempt = Instant::now();
             wait = match self.try_acquire().await {
                 Ok(Attempt::Won) => {
+                    self.last_renew = Some(attempt);
                     self.start_claim();
                     self.renewed_and_claimed(attempt).await;
                     info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "leading");
+                    self.lease_watch = Some(changes);
                     return;
                 }
                 // Wake when it expires, or earlier if the watch reports a
@@ -181,13 +234,39 @@ impl<W: Watches> Elector<W> {
                     warn!(lease = %self.cfg.lease_name, error = %e, "cannot acquire lease");
                     Some(self.cfg.retry_period)
                 }
-            };
+            }
+            .map(|w| if failing { w.min(self.cfg.retry_period) } else { w });
         }
     }
 
-    /// Renew the Lease until leadership is lost. Never returns while leading.
+    /// The Lease's watch, opened on first use.
+    fn take_lease_watch(&mut self) -> BoxStream<'static, Result<Option<Lease>, watcher::Error>> {
+        self.lease_watch.take().unwrap_or_else(|| {
+            let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
+            states(&self.watches, self.api.clone(), wc).boxed()
+        })
+    }
+
+    /// Renew the Lease until leadership is lost. Never returns while
+    /// leading. The renew deadline runs from the start of the last
+    /// successful acquire or renewal: call it right after
+    /// [`Elector::acquire`]. A deletion of the Lease, or another holder,
+    /// seen by its watch shuts the gate at once; a renewal then settles it
+    /// (a stale event of the watch reopens the gate, a real one is
+    /// reported).
     pub async fn hold(&mut self) -> Lost {
-        let mut last_renew = Instant::now();
+        let mut changes = self.take_lease_watch();
+        let lost = self.renew_until_lost(&mut changes).await;
+        self.lease_watch = Some(changes);
+        self.gate.revoke();
+        lost
+    }
+
+    async fn renew_until_lost(
+        &mut self,
+        changes: &mut BoxStream<'static, Result<Option<Lease>, watcher::Error>>,
+    ) -> Lost {
+        let mut last_renew = self.last_renew.unwrap_or_else(Instant::now);
         let mut last_attempt = last_renew;
         let mut fence_changes = self.fence_changes();
         loop {
@@ -197,6 +276,19 @@ impl<W: Watches> Elector<W> {
                     self.saw_fence(seen);
                     continue;
                 }
+                Some(state) = changes.next() => match state {
+                    Ok(lease) if lease.as_ref().and_then(holder).as_deref() != Some(&self.cfg.identity) => {
+                        // Deleted, or someone else's: write nothing until a
+                        // renewal says whether it is still ours.
+                        self.gate.suspend();
+                        warn!(lease = %self.cfg.lease_name, holder = ?lease.as_ref().and_then(holder), "the Lease was deleted or names another holder; writes stop until it is renewed");
+                    }
+                    Ok(_) => continue,
+                    Err(e) => {
+                        warn!(lease = %self.cfg.lease_name, error = %e, "cannot watch the Lease while leading");
+                        continue;
+                    }
+                },
             }
             let attempt = Instant::now();
             last_attempt = attempt;
@@ -210,12 +302,14 @@ impl<W: Watches> Elector<W> {
             match tokio::time::timeout(left, self.renew()).await {
                 Ok(Ok(Renewal::Renewed)) => {
                     last_renew = attempt;
+                    self.last_renew = Some(attempt);
                     self.renewed_and_claimed(attempt).await;
                 }
                 Ok(Ok(Renewal::Changed)) => {
                     info!(lease = %self.cfg.lease_name, "lease changed under its leader; renewing from the current copy")
                 }
                 Ok(Ok(Renewal::TakenOver(holder))) => return Lost::TakenOver(holder),
+                Ok(Ok(Renewal::Gone)) => return Lost::Deleted,
                 Ok(Err(e)) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot renew lease"),
                 Err(_) => warn!(lease = %self.cfg.lease_name, "lease renewal timed out"),
             }
@@ -254,26 +348,50 @@ impl<W: Watches> Elector<W> {
         // The LeaderFence first: cleared after the Lease, it could race the
         // next leader's claim and cost it a retry period.
         self.release_fence().await;
-        let Some(mut lease) = self.lease.clone().filter(|l| holder(l).as_deref() == Some(&self.cfg.identity)) else {
-            debug!(lease = %self.cfg.lease_name, "lease not ours; nothing to release");
-            return;
-        };
-        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-        spec.holder_identity = None;
-        spec.lease_duration_seconds = Some(1);
-        spec.renew_time = Some(MicroTime(Timestamp::now()));
-        match self.api.replace(&self.cfg.lease_name, &self.post_params(), &lease).await {
-            Ok(_) => info!(lease = %self.cfg.lease_name, "lease released"),
-            Err(e) => warn!(lease = %self.cfg.lease_name, error = %e, "cannot release lease; it will expire"),
+        let mut ours = self.lease.clone();
+        for _ in 0..RELEASE_TRIES {
+            let Some(mut lease) = ours.filter(|l| holder(l).as_deref() == Some(&self.cfg.identity)) else {
+                debug!(lease = %self.cfg.lease_name, "lease not ours; nothing to release");
+                return;
+            };
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.holder_identity = None;
+            spec.lease_duration_seconds = Some(1);
+            spec.renew_time = Some(MicroTime(Timestamp::now()));
+            match self.api.replace(&self.cfg.lease_name, &self.post_params(), &lease).await {
+                Ok(_) => return info!(lease = %self.cfg.lease_name, "lease released"),
+                // Written since (a label, say): released from the copy read,
+                // if it still names us.
+                Err(kube::Error::Api(s)) if s.is_conflict() => {
+                    ours = match self.api.get_opt(&self.cfg.lease_name).await {
+                        Ok(current) => current,
+                        Err(e) => {
+                            return warn!(lease = %self.cfg.lease_name, error = %e, "cannot release lease; it will expire");
+                        }
+                    }
+                }
+                Err(e) => {
+                    return warn!(lease = %self.cfg.lease_name, error = %e, "cannot release lease; it will expire");
+                }
+            }
         }
+        warn!(lease = %self.cfg.lease_name, "cannot release lease: written by others each time; it will expire");
     }
 
-    /// What the watch reports: the Lease as it is now (`None`: there is none).
+    /// What the watch (or a read) reports: the Lease as it is now (`None`:
+    /// there is none). A Lease seen and then gone was deleted: its record
+    /// changed, now.
     fn saw(&mut self, lease: Option<Lease>) {
-        if let Some(l) = &lease {
-            self.observe(&holder(l), &l.spec.as_ref().and_then(|s| s.renew_time.clone()));
+        match &lease {
+            Some(l) => self.observe(LeaseSeen::of(l)),
+            None => {
+                if let Some(seen) = self.observed.clone().filter(|o| !o.deleted) {
+                    self.observed = Some(LeaseSeen { deleted: true, since: tokio::time::Instant::now(), ..seen });
+                }
+            }
         }
         self.lease = lease;
+        self.known = true;
     }
 
     /// One write, if the rule says the Lease is ours to take: created if
@@ -282,6 +400,10 @@ impl<W: Watches> Elector<W> {
     /// the Lease since, so two candidates never both win.
     async fn try_acquire(&mut self) -> Result<Attempt, kube::Error> {
         let Some(current) = self.lease.clone() else {
+            if let Some(left) = self.deleted_for() {
+                debug!(lease = %self.cfg.lease_name, "lease deleted; taking it once a lease duration has passed");
+                return Ok(Attempt::HeldFor(left));
+            }
             return match self.api.create(&self.post_params(), &self.record(None)).await {
                 Ok(created) => self.won(created),
                 Err(kube::Error::Api(s)) if s.is_already_exists() => Ok(Attempt::Lost),
@@ -292,7 +414,7 @@ impl<W: Watches> Elector<W> {
             holder(&current).as_deref(),
             &self.cfg.identity,
             self.unchanged_for(),
-            self.cfg.lease_duration,
+            self.takeover_after(),
         ) {
             LeaseVerdict::Wait(left) => {
                 debug!(lease = %current.name_any(), holder = ?holder(&current), "lease held by another candidate");
@@ -326,10 +448,12 @@ impl<W: Watches> Elector<W> {
             Err(kube::Error::Api(s)) if s.is_conflict() || s.is_not_found() => {}
             Err(e) => return Err(e),
         }
-        let current = self.api.get_opt(&self.cfg.lease_name).await?;
-        let held_by = current.as_ref().and_then(holder);
+        let Some(current) = self.api.get_opt(&self.cfg.lease_name).await? else {
+            return Ok(Renewal::Gone);
+        };
+        let held_by = holder(&current);
         if held_by.as_deref() == Some(&self.cfg.identity) {
-            self.lease = current;
+            self.lease = Some(current);
             return Ok(Renewal::Changed);
         }
         Ok(Renewal::TakenOver(held_by.unwrap_or_default()))
@@ -368,15 +492,50 @@ impl<W: Watches> Elector<W> {
         self.observed.as_ref().map_or(Duration::ZERO, |o| o.since.elapsed())
     }
 
+    /// How long a record must stay unchanged before it is taken over: our
+    /// lease duration, or the record's if longer (client-go waits the
+    /// record's: a rollout that shortens the timings must not let a new
+    /// replica take over while the old leader's gate is still open).
+    fn takeover_after(&self) -> Duration {
+        let record = self.observed.as_ref().and_then(|o| o.duration);
+        record.map_or(self.cfg.lease_duration, |d| d.max(self.cfg.lease_duration))
+    }
+
+    /// How much longer a deleted Lease must stay deleted before it is made
+    /// again; `None` when it may be made now (never seen, or long enough).
+    fn deleted_for(&self) -> Option<Duration> {
+        let deleted = self.observed.as_ref().filter(|o| o.deleted)?;
+        self.takeover_after().checked_sub(deleted.since.elapsed()).filter(|left| !left.is_zero())
+    }
+
     /// Remember when the Lease record last changed, on our clock.
-    fn observe(&mut self, holder: &Option<String>, renew: &Option<MicroTime>) {
-        let changed = self.observed.as_ref().is_none_or(|o| o.holder != *holder || o.renew_time != *renew);
+    fn observe(&mut self, seen: LeaseSeen) {
+        let changed = self.observed.as_ref().is_none_or(|o| {
+            o.deleted || o.holder != seen.holder || o.renew_time != seen.renew_time || o.duration != seen.duration
+        });
         if changed {
-            self.observed =
-                Some(LeaseSeen { holder: holder.clone(), renew_time: renew.clone(), since: Instant::now() });
+            self.observed = Some(seen);
         }
     }
 }
+
+impl LeaseSeen {
+    /// `lease`'s record, seen now.
+    fn of(lease: &Lease) -> LeaseSeen {
+        let spec = lease.spec.as_ref();
+        let duration = spec.and_then(|s| s.lease_duration_seconds).and_then(|d| u64::try_from(d).ok());
+        LeaseSeen {
+            holder: holder(lease),
+            renew_time: spec.and_then(|s| s.renew_time.clone()),
+            duration: duration.map(Duration::from_secs),
+            deleted: false,
+            since: tokio::time::Instant::now(),
+        }
+    }
+}
+
+/// Tries of a release whose conditional write meets a newer copy.
+const RELEASE_TRIES: usize = 3;
 
 /// How an attempt to take the Lease went.
 #[derive(Debug, PartialEq)]
@@ -397,6 +556,8 @@ enum Renewal {
     Changed,
     /// Someone else holds it now (empty: nobody).
     TakenOver(String),
+    /// There is no Lease: it was deleted.
+    Gone,
 }
 
 /// The holder a Lease names; empty (released) counts as none.
@@ -411,20 +572,10 @@ async fn sleep_or_pending(wait: Option<Duration>) {
     }
 }
 
-/// The Lease as the watch sees it ([`states`]); errors only logged.
-fn lease_states<W: Watches>(
-    watches: &W,
-    api: Api<Lease>,
-    wc: watcher::Config,
-) -> impl Stream<Item = Option<Lease>> + use<W> {
-    states(watches, api, wc)
-        .filter_map(|state| std::future::ready(state.inspect_err(|e| debug!(error = %e, "lease watch")).ok()))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::test_support::{config, dummy_client};
+    use crate::test_support::{LEASE, config, dummy_client};
 
     #[tokio::test]
     async fn expiry_is_timed_on_our_clock_whatever_the_holders_clock_says() {
@@ -434,17 +585,78 @@ mod tests {
             let mut e = Elector::new(dummy_client(), config("me")).unwrap();
             let renew =
                 MicroTime(Timestamp::now().checked_add(k8s_openapi::jiff::SignedDuration::from_secs(skew)).unwrap());
-            e.observe(&Some("other".into()), &Some(renew.clone()));
+            e.saw(Some(held_by("other", 15, Some(renew.clone()))));
             assert!(e.unchanged_for() < Duration::from_secs(1), "skew {skew}: a record just seen is fresh");
             // The same record seen again: unchanged, its time keeps running.
             let first = e.observed.clone().unwrap().since;
-            e.observe(&Some("other".into()), &Some(renew));
+            e.saw(Some(held_by("other", 15, Some(renew))));
             assert_eq!(e.observed.as_ref().unwrap().since, first);
         }
     }
 
     fn spec(lease: &Lease) -> LeaseSpec {
         lease.spec.clone().unwrap()
+    }
+
+    /// A Lease held by `holder` for `seconds`, renewed at `renew`.
+    fn held_by(holder: &str, seconds: i32, renew: Option<MicroTime>) -> Lease {
+        Lease {
+            metadata: ObjectMeta { name: Some("l".into()), ..ObjectMeta::default() },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.into()),
+                lease_duration_seconds: Some(seconds),
+                renew_time: renew,
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_deleted_under_its_holder_is_made_again_only_a_lease_duration_after_the_deletion_was_seen() {
+        let mut e = Elector::new(dummy_client(), config("me")).unwrap();
+        e.saw(Some(held_by("other", 15, None)));
+        tokio::time::advance(Duration::from_secs(10)).await;
+        e.saw(None);
+        assert_eq!(e.deleted_for(), Some(LEASE), "the full duration, from the deletion");
+        tokio::time::advance(Duration::from_secs(14)).await;
+        assert_eq!(e.deleted_for(), Some(Duration::from_secs(1)));
+        tokio::time::advance(Duration::from_secs(1)).await;
+        assert_eq!(e.deleted_for(), None, "then made again");
+        // Seen missing again: still the same deletion, not a new one.
+        e.saw(None);
+        assert_eq!(e.deleted_for(), None);
+        // A candidate that never saw a Lease makes one at once.
+        let mut fresh = Elector::new(dummy_client(), config("me")).unwrap();
+        fresh.saw(None);
+        assert_eq!(fresh.deleted_for(), None);
+        assert!(fresh.known, "known to be missing");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn hold_called_late_counts_the_renew_deadline_from_the_acquire_and_shuts_the_gate_before_reporting() {
+        // The API server never answers (the mock's handle is dropped with
+        // the client): no renewal succeeds.
+        let mut e = Elector::new(dummy_client(), config("me")).unwrap();
+        let acquired = Instant::now() - Duration::from_secs(10);
+        e.last_renew = Some(acquired);
+        e.gate.renewed(acquired, Duration::from_secs(10));
+        let t0 = tokio::time::Instant::now();
+        assert_eq!(e.hold().await, Lost::RenewDeadline);
+        assert!(t0.elapsed() < Duration::from_secs(1), "the deadline was already past: {:?}", t0.elapsed());
+        assert!(!e.gate.holds() && !e.gate.interrupted(), "the gate shut for good");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_takeover_waits_the_records_lease_duration_when_it_is_longer_than_ours() {
+        let mut e = Elector::new(dummy_client(), config("me")).unwrap();
+        e.saw(Some(held_by("other", 60, None)));
+        assert_eq!(e.takeover_after(), Duration::from_secs(60), "a longer record's");
+        e.saw(Some(held_by("other", 5, None)));
+        assert_eq!(e.takeover_after(), LEASE, "never shorter than ours");
+        // A deleted record's duration counts as the record's.
+        e.saw(Some(held_by("other", 40, None)));
+        e.saw(None);
+        assert_eq!(e.deleted_for(), Some(Duration::from_secs(40)));
     }
 
     #[tokio::test]

@@ -167,6 +167,16 @@ impl WriteGate {
         self.renewals.notify_waiters();
     }
 
+    /// Hold no more until the next renewal: something (the Lease deleted
+    /// or naming another holder, as the watch saw it) that the renewal
+    /// settles. A leader stays interrupted, not a standby.
+    pub(crate) fn suspend(&self) {
+        let mut until = self.valid_until.lock();
+        if until.is_some() {
+            *until = Some(Instant::now());
+        }
+    }
+
     /// Hold no more: this replica is handing the Lease over.
     pub(crate) fn revoke(&self) {
         self.set_state(FenceState::NotLeading);
