@@ -125,17 +125,8 @@ async fn report(pods: Api<Pod>) {
 /// Report only while this replica holds the Lease `pod-events` in
 /// `namespace`; release it on SIGTERM or Ctrl-C.
 async fn report_as_leader(client: Client, namespace: &str, pods: Api<Pod>) -> Result<(), String> {
-    let cfg = LeaderConfig {
-        lease_name: "pod-events".into(),
-        namespace: namespace.into(),
-        identity: default_identity("POD_NAME", "pod-events"),
-        lease_duration: Duration::from_secs(15),
-        renew_deadline: Duration::from_secs(10),
-        retry_period: Duration::from_secs(2),
-        field_manager: "pod-events".into(),
-        fence: None,
-        retry_cap: Duration::from_secs(60),
-    };
+    let identity = default_identity("POD_NAME", "pod-events");
+    let cfg = LeaderConfig::new("pod-events", namespace, identity).with_retry_cap(Duration::from_secs(60));
     let identity = cfg.identity.clone();
     let mut elector = Elector::new(client, cfg).map_err(|e| e.to_string())?;
     let mut terminate = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;

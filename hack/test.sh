@@ -52,6 +52,7 @@ if [[ -n "${CI:-}" ]]; then
   if [[ "$(cat "$CARGO_TARGET_DIR/.workspace" 2>/dev/null)" != "$REPO_ROOT" ]]; then
     cargo clean --quiet -p sample-controller -p kube-lease-fence -p kube-secure-metrics
     cargo clean --quiet -p sample-controller -p kube-lease-fence -p kube-secure-metrics --release --target "$(rustc -vV | sed -n 's/^host: //p')"
+    cargo clean --quiet --manifest-path crates/consumer/Cargo.toml -p crates-consumer
     echo "$REPO_ROOT" >"$CARGO_TARGET_DIR/.workspace"
   fi
 fi
@@ -209,7 +210,11 @@ crates=(-p kube-lease-fence -p kube-secure-metrics)
 begin "formatting; every target of the workspace built and linted (clippy); the crates' docs; CRD matches the Foo type"
 cargo fmt --all --check
 cargo build --locked --quiet --workspace --all-targets
-RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps "${crates[@]}"
+# A library enables no Kubernetes version of k8s-openapi; their docs are
+# built with the workspace's.
+for crate in "${crates[@]/-p/}"; do
+  RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps -p $crate --features k8s-openapi/v1_35
+done
 hack/verify-crds.sh
 begin "Dockerfile lint"
 hack/lint-dockerfile.sh
@@ -231,6 +236,18 @@ run_tests --lib --bins "${planeless[@]}" ||
 begin "the crates' tests (the elector, the metrics server)"
 run_tests "${crates[@]}" || failing+=("the crates' tests")
 doc_tests "${crates[@]}" || failing+=("the crates' README examples")
+begin "the crates as published: packaged for crates.io, and a user's project building them with Kubernetes 1.35's and 1.37's API"
+# The crates' rust-version (1.89) is checked by clippy's incompatible_msrv
+# lint on the standard library's APIs above; no 1.89 toolchain can be
+# installed on these machines to build with.
+cargo publish --dry-run --no-verify --allow-dirty --locked --quiet "${crates[@]}" ||
+  failing+=("the crates' packages")
+for version in v1_35 v1_37; do
+  # In the workspace's target directory: the dependencies built once.
+  CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}" \
+    cargo check --locked --quiet --manifest-path crates/consumer/Cargo.toml --features "$version" ||
+    failing+=("a user's project with the crates and k8s-openapi's $version")
+done
 # Needed by the image tests only, which end each minor's run: the release
 # build starts once the first plane is built, so it does not slow the plane
 # the first suites wait for, and takes what CPU the integration tests leave.

@@ -161,17 +161,11 @@ pub fn leader_config(
     identity: String,
     (lease_duration, renew_deadline, retry_period): (Duration, Duration, Duration),
 ) -> LeaderConfig {
-    LeaderConfig {
-        lease_name: name,
-        namespace,
-        identity,
-        lease_duration,
-        renew_deadline,
-        retry_period,
-        field_manager: client::FIELD_MANAGER.into(),
-        fence: Some(Fence { resource: ApiResource::erase::<LeaderFence>(&()), name: election_id.to_owned() }),
-        retry_cap: BACKOFF_MAX,
-    }
+    LeaderConfig::new(name, namespace, identity)
+        .with_timing(lease_duration, renew_deadline, retry_period)
+        .with_field_manager(client::FIELD_MANAGER)
+        .with_fence(Fence::new(ApiResource::erase::<LeaderFence>(&()), election_id))
+        .with_retry_cap(BACKOFF_MAX)
 }
 
 /// `sample-controller check`: each check's line on stdout; an error if any

@@ -96,8 +96,7 @@ impl SyncError {
     /// no pod (HTTP 403; 422 for a binding changed to
     /// `parameterNotFoundAction: Deny` that finds no LeaderFence).
     pub fn is_fence_refusal(&self) -> bool {
-        matches!(self, SyncError::Api { source: kube::Error::Api(s), .. }
-            if (s.code == 403 || s.code == 422) && s.message.contains(&format!("ValidatingAdmissionPolicy '{FENCE_POLICY}'")))
+        matches!(self, SyncError::Api { source, .. } if kube_lease_fence::is_fence_refusal(source, FENCE_POLICY))
     }
 
     /// True for an error that retrying alone cannot fix (controller-runtime's

@@ -12,6 +12,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use kube::runtime::watcher;
 use kube::{Client, ResourceExt};
+use parking_lot::Mutex;
 use tracing::{debug, info, warn};
 
 use crate::fence::Claim;
@@ -26,6 +27,7 @@ use crate::watch::{DefaultBackoff, Watches, states};
 /// shards of one operator) share it, so that the policy admits the holder
 /// of any of them and nobody else.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct Fence {
     /// The custom resource.
     pub resource: ApiResource,
@@ -33,9 +35,17 @@ pub struct Fence {
     pub name: String,
 }
 
+impl Fence {
+    /// The object `name` of the custom resource `resource`.
+    pub fn new(resource: ApiResource, name: impl Into<String>) -> Self {
+        Fence { resource, name: name.into() }
+    }
+}
+
 /// The Lease contended for, the candidate's identity and timing, and the
-/// API server's fence.
+/// API server's fence: [`LeaderConfig::new`], then the `with_` methods.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LeaderConfig {
     /// The Lease's name: the key under which the fence's object names its
     /// holder.
@@ -60,6 +70,52 @@ pub struct LeaderConfig {
     /// backoff cap): a refusal by the fence not repeated for longer than
     /// this and a lease duration is over.
     pub retry_cap: Duration,
+}
+
+impl LeaderConfig {
+    /// `identity`'s candidacy for the Lease `namespace/lease_name`, with
+    /// client-go's timings (a lease duration of 15 s, a renew deadline of
+    /// 10 s, a retry period of 2 s), no fence, the Lease's name as the field
+    /// manager of its writes, and a retry cap of 1000 s (client-go's
+    /// workqueue's).
+    pub fn new(lease_name: impl Into<String>, namespace: impl Into<String>, identity: impl Into<String>) -> Self {
+        let lease_name = lease_name.into();
+        LeaderConfig {
+            field_manager: lease_name.clone(),
+            lease_name,
+            namespace: namespace.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+            fence: None,
+            retry_cap: Duration::from_secs(1000),
+        }
+    }
+
+    /// Other timings ([`check_timing`] says which are refused).
+    pub fn with_timing(mut self, lease_duration: Duration, renew_deadline: Duration, retry_period: Duration) -> Self {
+        (self.lease_duration, self.renew_deadline, self.retry_period) = (lease_duration, renew_deadline, retry_period);
+        self
+    }
+
+    /// The API server's fence to claim.
+    pub fn with_fence(mut self, fence: Fence) -> Self {
+        self.fence = Some(fence);
+        self
+    }
+
+    /// The field manager of the elector's writes.
+    pub fn with_field_manager(mut self, field_manager: impl Into<String>) -> Self {
+        self.field_manager = field_manager.into();
+        self
+    }
+
+    /// The longest the user's writes wait between retries.
+    pub fn with_retry_cap(mut self, retry_cap: Duration) -> Self {
+        self.retry_cap = retry_cap;
+        self
+    }
 }
 
 /// Why leadership ended. The gate is shut before it is reported.
@@ -104,8 +160,9 @@ pub struct Elector<W: Watches = DefaultBackoff> {
     observed: Option<LeaseSeen>,
     /// The watch of the Lease, opened once and kept from the first
     /// `acquire` on: a standby times expiry by it, a leader sees a deletion
-    /// or another holder by it.
-    lease_watch: Option<BoxStream<'static, Result<Option<Lease>, watcher::Error>>>,
+    /// or another holder by it. In a mutex only so that the elector is
+    /// `Sync` (it is taken out with `get_mut`, never locked).
+    lease_watch: Mutex<Option<LeaseWatch>>,
     /// When the last successful acquire or renewal began: the renew
     /// deadline runs from it.
     last_renew: Option<Instant>,
@@ -126,6 +183,16 @@ struct LeaseSeen {
     deleted: bool,
     /// On tokio's clock, which tests may pause.
     since: tokio::time::Instant,
+}
+
+impl<W: Watches> std::fmt::Debug for Elector<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Elector")
+            .field("cfg", &self.cfg)
+            .field("holder", &self.lease.as_ref().and_then(holder))
+            .field("gate", &self.gate)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Elector {
@@ -153,7 +220,7 @@ impl<W: Watches> Elector<W> {
             lease: None,
             known: false,
             observed: None,
-            lease_watch: None,
+            lease_watch: Mutex::new(None),
             last_renew: None,
         })
     }
@@ -222,7 +289,7 @@ impl<W: Watches> Elector<W> {
                     self.start_claim();
                     self.renewed_and_claimed(attempt).await;
                     info!(lease = %self.cfg.lease_name, identity = %self.cfg.identity, "leading");
-                    self.lease_watch = Some(changes);
+                    *self.lease_watch.get_mut() = Some(changes);
                     return;
                 }
                 // Wake when it expires, or earlier if the watch reports a
@@ -240,8 +307,8 @@ impl<W: Watches> Elector<W> {
     }
 
     /// The Lease's watch, opened on first use.
-    fn take_lease_watch(&mut self) -> BoxStream<'static, Result<Option<Lease>, watcher::Error>> {
-        self.lease_watch.take().unwrap_or_else(|| {
+    fn take_lease_watch(&mut self) -> LeaseWatch {
+        self.lease_watch.get_mut().take().unwrap_or_else(|| {
             let wc = watcher::Config::default().fields(&format!("metadata.name={}", self.cfg.lease_name));
             states(&self.watches, self.api.clone(), wc).boxed()
         })
@@ -257,15 +324,12 @@ impl<W: Watches> Elector<W> {
     pub async fn hold(&mut self) -> Lost {
         let mut changes = self.take_lease_watch();
         let lost = self.renew_until_lost(&mut changes).await;
-        self.lease_watch = Some(changes);
+        *self.lease_watch.get_mut() = Some(changes);
         self.gate.revoke();
         lost
     }
 
-    async fn renew_until_lost(
-        &mut self,
-        changes: &mut BoxStream<'static, Result<Option<Lease>, watcher::Error>>,
-    ) -> Lost {
+    async fn renew_until_lost(&mut self, changes: &mut LeaseWatch) -> Lost {
         let mut last_renew = self.last_renew.unwrap_or_else(Instant::now);
         let mut last_attempt = last_renew;
         let mut fence_changes = self.fence_changes();
@@ -533,6 +597,9 @@ impl LeaseSeen {
         }
     }
 }
+
+/// The Lease as its watch reports it, after each change.
+type LeaseWatch = BoxStream<'static, Result<Option<Lease>, watcher::Error>>;
 
 /// Tries of a release whose conditional write meets a newer copy.
 const RELEASE_TRIES: usize = 3;

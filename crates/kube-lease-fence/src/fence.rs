@@ -59,6 +59,16 @@ pub fn fence_holder<'a>(fence: &'a DynamicObject, lease: &str) -> Option<&'a str
 /// write of its own name is the usual cause, and reading again is enough.
 const CONFLICT_RETRIES: usize = 3;
 
+/// Whether `error` is the API server's fence refusing a write: a denial by
+/// the ValidatingAdmissionPolicy named `policy` (403; 422 for a binding
+/// whose `parameterNotFoundAction` is `Deny` and finds no fence object).
+/// Then call [`WriteGate::doubt`](crate::WriteGate::doubt): the policy's view
+/// of the Lease may lag behind a takeover, or the Lease is someone else's.
+pub fn is_fence_refusal(error: &kube::Error, policy: &str) -> bool {
+    matches!(error, kube::Error::Api(s)
+        if (s.code == 403 || s.code == 422) && s.message.contains(&format!("ValidatingAdmissionPolicy '{policy}'")))
+}
+
 /// True when the API server answered that it serves no objects of the fence's kind at all
 /// (no CRD installed), not
 /// that one LeaderFence is missing. Two shapes, by whether the group is

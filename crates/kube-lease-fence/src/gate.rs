@@ -59,8 +59,9 @@ impl WriteGate {
         WriteGate { lease_duration, retry_cap, ..WriteGate::default() }
     }
 
-    /// A gate as a renewal just now leaves it: holding for `deadline` (for
-    /// tests of what writes through it).
+    /// A gate as a renewal just now leaves it: holding for `deadline`, for
+    /// the tests of what writes through it (the `testing` feature).
+    #[cfg(any(test, feature = "testing"))]
     pub fn holding_for(deadline: Duration) -> Self {
         let fence = WriteGate::new();
         fence.renewed(Instant::now(), deadline);

@@ -13,7 +13,7 @@ mod timing;
 mod watch;
 
 pub use elector::{Elector, Fence, LeaderConfig, Lost};
-pub use fence::{FenceState, fence_holder, no_such_kind};
+pub use fence::{FenceState, fence_holder, is_fence_refusal, no_such_kind};
 pub use gate::{WriteGate, may_write};
 pub use identity::default_identity;
 pub use timing::{LeaseVerdict, TimingError, check_timing, lease_verdict};
@@ -42,17 +42,10 @@ pub(crate) mod test_support {
     }
 
     pub fn config(identity: &str) -> LeaderConfig {
-        LeaderConfig {
-            lease_name: "l".into(),
-            namespace: "ns".into(),
-            identity: identity.into(),
-            lease_duration: LEASE,
-            renew_deadline: Duration::from_secs(10),
-            retry_period: Duration::from_secs(2),
-            field_manager: "test".into(),
-            fence: Some(crate::Fence { resource: fence_resource(), name: "install".into() }),
-            retry_cap: Duration::from_secs(1000),
-        }
+        LeaderConfig::new("l", "ns", identity)
+            .with_timing(LEASE, Duration::from_secs(10), Duration::from_secs(2))
+            .with_field_manager("test")
+            .with_fence(crate::Fence::new(fence_resource(), "install"))
     }
 
     /// A client that is never called: these tests exercise no request.

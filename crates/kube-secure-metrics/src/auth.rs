@@ -249,7 +249,10 @@ impl MetricsAuth {
     /// The user the token belongs to, if the API server accepts it.
     async fn authenticate(&self, token: &str) -> kube::Result<Option<UserInfo>> {
         let review = TokenReview {
-            spec: TokenReviewSpec { token: Some(token.to_owned()), ..TokenReviewSpec::default() },
+            // `Option<String>` up to Kubernetes 1.36's API, `String` from
+            // 1.37's on: `into` builds either.
+            #[allow(clippy::useless_conversion)]
+            spec: TokenReviewSpec { token: token.to_owned().into(), ..TokenReviewSpec::default() },
             ..TokenReview::default()
         };
         let reviewed = Api::<TokenReview>::all(self.client.clone()).create(&PostParams::default(), &review).await?;
