@@ -113,6 +113,7 @@ pub async fn run(cli: Cli) -> Result<(), Error> {
         instance: identity.clone(),
         readiness,
         reconcile_timeout: cli.reconcile_timeout,
+        memory_limit: cli.memory_limit,
     };
     let namespace = cli.leader_election_namespace.clone().unwrap_or_else(|| client.default_namespace().to_owned());
     let probe = probe_confinement(&cli, &client, &parts.metrics, &namespace, &settings.shard);
@@ -314,14 +315,17 @@ struct Parts {
     readiness: Arc<Readiness>,
     /// `--reconcile-timeout`.
     reconcile_timeout: Duration,
+    /// `--memory-limit`.
+    memory_limit: Option<u64>,
 }
 
 /// Run the controller until shutdown, reporting readiness once its caches
 /// are filled; then send the Events still queued. If the future is dropped
 /// instead (lost leadership), queued Events are dropped with it.
 async fn run_controller(controller: Controller<Foo>, parts: Parts, gate: Option<Arc<WriteGate>>) {
-    let Parts { client, caches, backlog, adoption, metrics, instance, readiness, reconcile_timeout } = parts;
-    let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), gate.clone());
+    let Parts { client, caches, backlog, adoption, metrics, instance, readiness, reconcile_timeout, memory_limit } =
+        parts;
+    let watchdog = watchdog::spawn(caches.clone(), metrics.clone(), gate.clone(), memory_limit);
     let ctx = Context::new(client, caches.clone(), adoption, metrics, Some(instance), gate);
     let ctx = Arc::new(ctx.with_reconcile_timeout(reconcile_timeout));
     let synced = tokio::spawn(async move {

@@ -314,3 +314,52 @@ fn differences(path: &str, printed: &Value, taken: &Value, found: &mut BTreeSet<
         }
     }
 }
+
+/// deploy/tenant/foo-quota.yaml, as install.md tells an admin to apply it
+/// to a tenant's namespace: the API server counts that namespace's Foos
+/// under it, and past the count refuses a create, saying which quota.
+#[tokio::test]
+async fn the_example_tenant_quota_counts_foos_and_refuses_one_past_its_count_naming_the_quota() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let ns = TestNamespace::new("tenant-quota").await;
+    ns.kubectl_ok(&["apply", "-f", "deploy/tenant/foo-quota.yaml"]);
+    let resource = "count/foos.samplecontroller.k8s.io";
+    let quotas = ns.api::<ResourceQuota>();
+    // The quota's status for Foos: what it counts as used, and its count.
+    let counted = || async {
+        let status = quotas.get("foos").await.ok()?.status?;
+        let of = |m: Option<std::collections::BTreeMap<_, _>>| m?.get(resource).map(|q: &Quantity| q.0.clone());
+        Some((of(status.used), of(status.hard)))
+    };
+    let set_hard = |count: &str| {
+        let patch = format!(r#"{{"spec":{{"hard":{{"{resource}":"{count}"}}}}}}"#);
+        ns.kubectl_ok(&["patch", "resourcequota", "foos", "--type=merge", "-p", &patch]);
+    };
+    create_foo(&ns.api(), "first", "first", Some(1)).await;
+    // The quota controller counts a custom resource once its discovery
+    // (every 30 s) has found it, and a quota made before that only at its
+    // next full pass (5 minutes) or a change of the quota's counts: on a
+    // plane whose Foo CRD is seconds old, the count is changed every 10 s
+    // until the Foo is counted.
+    let started = std::time::Instant::now();
+    for nudge in 1.. {
+        if counted().await.and_then(|(used, _)| used).as_deref() == Some("1") {
+            break;
+        }
+        assert!(started.elapsed() < TIMEOUT * 2, "the quota never counted the Foo");
+        if nudge % 50 == 0 {
+            set_hard(&(5000 - nudge / 50 % 2).to_string());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    set_hard("1");
+    wait_until("the quota's new count in force", TIMEOUT, || async {
+        (counted().await?.1.as_deref() == Some("1")).then_some(())
+    })
+    .await;
+    let refused = ns.kubectl(&["create", "-f", "artifacts/examples/example-foo.yaml"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a Foo past the quota was created");
+    assert!(said.contains("exceeded quota: foos") && said.contains(resource), "{said}");
+}

@@ -573,6 +573,39 @@ async fn metrics_count_reconciles_errors_and_of_those_the_terminal_ones() {
     assert!(created.is_some_and(|n| n >= 1.0), "the Deployment create, counted:\n{body}");
 }
 
+/// With a memory limit that holds two Foos (`--memory-limit`, as a cgroup's
+/// would be read), a third cached Foo is past it: the gauges say so, and a
+/// WARN names the runbook once; deleting one says it fits again.
+#[tokio::test]
+async fn foos_past_what_the_memory_limit_holds_are_said_in_the_gauges_and_a_warn_before_any_oom() {
+    use sample_controller::testing::ops::{PEAK_BASE, PEAK_PER_FOO};
+    let ns = TestNamespace::new("sizing").await;
+    let limit = (PEAK_BASE + 2 * PEAK_PER_FOO).to_string();
+    let log = format!("{}-op", ns.name);
+    let op = spawn_operator(&ns.name, &kubeconfig_path(), &["--memory-limit", &limit], &log).await;
+    let held = r#"sample_controller_memory_limit_foos{source="flag"}"#;
+    let warned = || std::fs::read_to_string(format!("{}/{log}.log", env!("CARGO_TARGET_TMPDIR"))).unwrap();
+    for name in ["a", "b", "c"] {
+        create_foo(&ns.api(), name, name, Some(1)).await;
+    }
+    wait_until("three Foos cached against a limit that holds two", TIMEOUT, || async {
+        let cached = metric(&op, "sample_controller_cached_foos").await?;
+        (cached == 3.0 && metric(&op, held).await? == 2.0).then_some(())
+    })
+    .await;
+    wait_until("the WARN", TIMEOUT, || async {
+        warned().contains("more Foos cached than this replica's memory limit holds").then_some(())
+    })
+    .await;
+    assert!(warned().contains("more-foos-than-the-memory-limit-holds"), "the WARN names its runbook");
+    ns.api::<Foo>().delete("c", &Default::default()).await.expect("delete a Foo");
+    wait_until("the Foos to fit again", TIMEOUT, || async {
+        warned().contains("the Foos cached fit this replica's memory limit again").then_some(())
+    })
+    .await;
+    assert_eq!(warned().matches("more Foos cached than").count(), 1, "said once while past it");
+}
+
 #[tokio::test]
 async fn readyz_is_unavailable_until_caches_sync() {
     let ns = TestNamespace::new("ready").await;

@@ -93,12 +93,16 @@ async fn two_replicas_and_a_takeover(
 const LISTS: [(&str, &[&str]); 2] = [("paged lists", &[]), ("streaming lists", &["--streaming-lists"])];
 
 /// One replica, without leader election, started now with `lists`: its
-/// peak memory once it has listed, adopted and converged a new Foo in
-/// `control`.
-async fn started(control: &TestNamespace, run: &str, lists: &[&str]) -> f64 {
+/// peak memory once it has listed (at least `foos` Foos cached, by its
+/// gauge), adopted and converged a new Foo in `control`.
+async fn started(control: &TestNamespace, run: &str, lists: &[&str], foos: usize) -> f64 {
     let log = format!("{}-{run}", control.name);
     let mut op = start_logged(cluster_wide_command(&kubeconfig_path(), lists), &log).await;
     converges(control, run).await;
+    wait_until(&format!("{run}: at least {foos} Foos cached"), TIMEOUT, || async {
+        (metric(&op, "sample_controller_cached_foos").await? >= foos as f64).then_some(())
+    })
+    .await;
     let peak = peak_mib(&op);
     signal(&op, "-TERM");
     exited_within(&mut op, Duration::from_secs(10), "the replica to exit").await;
@@ -107,12 +111,25 @@ async fn started(control: &TestNamespace, run: &str, lists: &[&str]) -> f64 {
 
 /// Each way of listing, a replica's peak started without the tenant's
 /// objects and among them.
-async fn starts(control: &TestNamespace, run: &str) -> Vec<f64> {
+async fn starts(control: &TestNamespace, run: &str, foos: usize) -> Vec<f64> {
     let mut peaks = Vec::new();
     for (i, (_, lists)) in LISTS.iter().enumerate() {
-        peaks.push(started(control, &format!("{run}-start-{i}"), lists).await);
+        peaks.push(started(control, &format!("{run}-start-{i}"), lists, foos).await);
     }
     peaks
+}
+
+/// Every Foo in `ns` gets its status written for its generation: the
+/// leader saw each of them.
+async fn all_synced(ns: &TestNamespace) {
+    let foos = ns.api::<sample_controller::Foo>();
+    wait_until("the tenant's Foos synced", CONVERGED_WITHIN, || async {
+        let listed = foos.list(&Default::default()).await.ok()?.items;
+        let synced =
+            |f: &sample_controller::Foo| f.status.as_ref().and_then(|s| s.observed_generation) == f.metadata.generation;
+        (!listed.is_empty() && listed.iter().all(synced)).then_some(())
+    })
+    .await;
 }
 
 /// Fails unless each peak of `after` is within [`MARGIN_MIB`] of `before`'s.
@@ -130,13 +147,14 @@ async fn a_tenants_big_objects_leave_each_replicas_peak_where_it_was_whether_it_
 {
     let (lease_ns, control) = (TestNamespace::new("tenants-lease").await, TestNamespace::new("tenants-control").await);
     let baseline = two_replicas_and_a_takeover(&lease_ns, &control, "baseline", async {}).await;
-    let baseline_starts = starts(&control, "baseline").await;
+    let baseline_starts = starts(&control, "baseline", 1).await;
 
     let tenant_ns = TenantNamespace(TestNamespace::new("tenant").await);
     let tenant = tenant_of(&tenant_ns.0).await;
     let hoard = hoard(tenant, &tenant_ns.0.name, Hoard::A_THIRD);
     let hoarded = two_replicas_and_a_takeover(&lease_ns, &control, "hoarded", hoard).await;
-    let hoarded_starts = starts(&control, "hoarded").await;
+    all_synced(&tenant_ns.0).await;
+    let hoarded_starts = starts(&control, "hoarded", Hoard::A_THIRD.foos).await;
     remove(tenant_ns).await;
 
     println!("peak RSS, leader / standby: baseline {baseline:.1?} MiB, with the tenant's objects {hoarded:.1?} MiB");

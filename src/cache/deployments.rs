@@ -105,6 +105,10 @@ impl Keep<DeploymentView> for DeploymentStore {
         let state = self.state.read();
         state.by_name.iter().filter_map(|(key, kept)| f(kept.view(key))).collect()
     }
+
+    fn count(&self) -> usize {
+        self.state.read().by_name.len()
+    }
 }
 
 impl DeploymentStore {

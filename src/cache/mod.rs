@@ -96,6 +96,8 @@ pub trait Keep<K: Resource<DynamicType = ()>>: Default + Send + Sync + 'static {
     fn get(&self, key: &ObjectRef<K>) -> Option<K>;
     /// What `f` makes of each object kept, rebuilt one at a time.
     fn filter_map<T>(&self, f: impl FnMut(K) -> Option<T>) -> Vec<T>;
+    /// How many objects are kept.
+    fn count(&self) -> usize;
 }
 
 /// How a cache trims what it keeps.
@@ -155,6 +157,11 @@ where
         self.written().resolve(&key, Some(cached)).unwrap_or(obj)
     }
 
+    /// How many objects the watch has delivered and not deleted.
+    pub(crate) fn count(&self) -> usize {
+        self.kept.count()
+    }
+
     /// What `f` makes of each object as the watch delivered it (our own
     /// writes it has not delivered yet are not looked at): for a pass over
     /// every object that keeps little of each.
@@ -196,6 +203,16 @@ where
     }
 }
 
+/// A Foo whose newest generation has no status yet, as the watchdog counts
+/// it.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct Behind {
+    /// `namespace/name`: the store's own key, shared.
+    pub(crate) key: Arc<str>,
+    /// When it was created, if no sync ever wrote its status.
+    pub(crate) never_synced_since: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
+}
+
 impl FooCache {
     /// The Foos the `Controller` syncs, read from the working set
     /// ([`FooStore`]).
@@ -221,20 +238,27 @@ impl FooCache {
     }
 
     /// The Foos whose newest generation has no status written for it yet
-    /// ([`status_caught_up`]): those behind in the store, as [`Cache::get`]
-    /// sees them (one behind only in our write the watch has not delivered
-    /// is not looked for: a status write only catches a Foo up); only those
-    /// are rebuilt.
-    pub(crate) fn unsynced(&self) -> Vec<Arc<Foo>> {
-        let behind = |foo: &Foo| {
-            let observed = foo.status.as_ref().and_then(|s| s.observed_generation);
-            !status_caught_up(foo.metadata.generation, observed, foo.metadata.deletion_timestamp.is_some())
-        };
-        let kept = self.kept.unsynced();
+    /// ([`status_caught_up`]): those behind in the store, unless our own
+    /// status write the watch has not delivered caught one up (one behind
+    /// only in our write is not looked for: a status write only catches a
+    /// Foo up). Only the Foos with such a write are rebuilt, one at a time.
+    pub(crate) fn unsynced(&self) -> Vec<Behind> {
         let written = self.written();
-        let resolved =
-            kept.into_iter().filter_map(|foo| written.resolve(&ObjectRef::from_obj(&foo), Some(Arc::new(foo))));
-        resolved.filter(|foo| behind(foo)).collect()
+        let mut behind = self.kept.behind();
+        if !written.is_empty() {
+            behind.retain(|b| {
+                let key = object_ref(&b.key);
+                if !written.holds(&key) {
+                    return true;
+                }
+                let resolved = written.resolve(&key, self.kept.get(&key).map(Arc::new));
+                resolved.is_some_and(|foo| {
+                    let observed = foo.status.as_ref().and_then(|s| s.observed_generation);
+                    !status_caught_up(foo.metadata.generation, observed, foo.metadata.deletion_timestamp.is_some())
+                })
+            });
+        }
+        behind
     }
 
     /// The Foos in `namespace` that name the Deployment `name`, read without
@@ -380,6 +404,40 @@ mod tests {
         drained.await.unwrap();
         assert_eq!(cache.latest(Arc::new(before)).resource_version().as_deref(), Some("102"), "the watch's newer one");
         assert!(cache.written().is_empty(), "the watch delivered our write: the record is gone");
+    }
+
+    #[tokio::test]
+    async fn a_foo_our_status_write_caught_up_is_not_unsynced_before_the_watch_delivers_it() {
+        let never = Foo::test("never").generation(1);
+        let mut edited = Foo::test("edited").generation(2);
+        edited.status = Some(crate::FooStatus { observed_generation: Some(1), ..Default::default() });
+        let cache = FooCache::new(trim_foo(&Shard::all()));
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let drained = tokio::spawn(cache.reflect(stream).for_each(|_| async {}));
+        let listed = [
+            watcher::Event::Init,
+            watcher::Event::InitApply(never.clone()),
+            watcher::Event::InitApply(edited.clone()),
+            watcher::Event::InitDone,
+        ];
+        for event in listed {
+            events.unbounded_send(Ok(event)).unwrap();
+        }
+        assert!(cache.synced().await);
+        let keys = |cache: &FooCache| {
+            let mut keys: Vec<_> = cache.unsynced().into_iter().map(|b| b.key.to_string()).collect();
+            keys.sort();
+            keys
+        };
+        let key = |foo: &Foo| key_of(foo);
+        assert_eq!(keys(&cache), [key(&edited), key(&never)]);
+        let mut caught_up = edited.clone();
+        caught_up.metadata.resource_version = Some("201".into());
+        caught_up.status = Some(crate::FooStatus { observed_generation: Some(2), ..Default::default() });
+        cache.wrote(Some(&edited), Some(caught_up));
+        assert_eq!(keys(&cache), [key(&never)], "our write caught it up");
+        drop(events);
+        drained.await.unwrap();
     }
 
     #[tokio::test]

@@ -60,8 +60,13 @@ impl<K: Resource<DynamicType = ()> + Clone> OwnWrites<K> {
         if stands_in { entry.result.clone() } else { cached }
     }
 
+    /// Whether a write of ours to the object `key` names waits for the
+    /// watch.
+    pub(super) fn holds(&self, key: &ObjectRef<K>) -> bool {
+        self.entries.contains_key(key)
+    }
+
     /// True when no write waits for the watch.
-    #[cfg(test)]
     pub(super) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }

@@ -79,6 +79,12 @@ struct StateLabels {
     state: &'static str,
 }
 
+/// Where a replica's memory limit comes from: `cgroup` or `flag`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabels {
+    source: &'static str,
+}
+
 /// client-go's `rest_client_requests_total` labels.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RestLabels {
@@ -116,6 +122,8 @@ pub struct Metrics {
     build_info: Family<BuildLabels, Gauge>,
     unsynced_foos: Gauge,
     unsynced_oldest: Gauge,
+    cached_foos: Gauge,
+    limit_foos: Family<SourceLabels, Gauge>,
     fence_refused: Gauge,
     fence_state: Family<StateLabels, Gauge>,
     confinement: Family<StateLabels, Gauge>,
@@ -148,6 +156,8 @@ impl Metrics {
             build_info: Family::default(),
             unsynced_foos: Gauge::default(),
             unsynced_oldest: Gauge::default(),
+            cached_foos: Gauge::default(),
+            limit_foos: Family::default(),
             fence_refused: Gauge::default(),
             fence_state: Family::default(),
             confinement: Family::default(),
@@ -243,6 +253,16 @@ impl Metrics {
             self.unsynced_oldest.clone(),
         );
         r.register(
+            "sample_controller_cached_foos",
+            "Foos in this replica's cache: those of its namespace and shard",
+            self.cached_foos.clone(),
+        );
+        r.register(
+            "sample_controller_memory_limit_foos",
+            "The Foos this replica's memory limit holds at its peak (docs/sizing.md), by where the limit comes from (its cgroup, or --memory-limit); absent without a limit",
+            self.limit_foos.clone(),
+        );
+        r.register(
             "sample_controller_leader_fence_refused_seconds",
             "How long the API server's leader fence has refused this leader's writes, none admitted since (0: not refusing)",
             self.fence_refused.clone(),
@@ -331,6 +351,16 @@ impl Metrics {
     pub(crate) fn set_unsynced(&self, foos: usize, oldest: Duration) {
         self.unsynced_foos.set(i64::try_from(foos).unwrap_or(i64::MAX));
         self.unsynced_oldest.set(seconds(oldest));
+    }
+
+    /// The Foos cached, and those the memory limit from `source` holds
+    /// (`None`: no limit known).
+    pub(crate) fn set_sizing(&self, cached: usize, held: Option<(u64, &'static str)>) {
+        self.cached_foos.set(i64::try_from(cached).unwrap_or(i64::MAX));
+        self.limit_foos.clear();
+        if let Some((held, source)) = held {
+            self.limit_foos.get_or_create(&SourceLabels { source }).set(i64::try_from(held).unwrap_or(i64::MAX));
+        }
     }
 
     /// How long the API server's fence has refused this leader's writes.

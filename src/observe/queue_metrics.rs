@@ -165,7 +165,9 @@ impl QueueMetrics {
         sub.register_collector(Box::new(self.clone()));
     }
 
-    /// A trigger for `key` arrived: a change.
+    /// A trigger for `key` arrived: a change (the backlog counts each with
+    /// its priority: [`QueueMetrics::added_as`]).
+    #[cfg(any(test, feature = "test-fixtures"))]
     pub fn added(&self, key: Key) {
         self.added_as(key, Priority::Change);
     }

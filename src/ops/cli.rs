@@ -85,6 +85,11 @@ pub struct Cli {
     #[arg(long, env = "SAMPLE_CONTROLLER_WORKERS", default_value_t = DEFAULT_WORKERS, value_parser = clap::value_parser!(u16).range(1..))]
     pub(crate) workers: u16,
 
+    /// The memory this replica may use, as Kubernetes writes it (128Mi), to size its Foos
+    /// against (sample_controller_memory_limit_foos, a WARN past it); default: its cgroup's limit.
+    #[arg(long, env = "SAMPLE_CONTROLLER_MEMORY_LIMIT", value_name = "BYTES", value_parser = crate::ops::sizing::parse_quantity)]
+    pub(crate) memory_limit: Option<u64>,
+
     /// How long one sync of a Foo may take before it is abandoned, counted
     /// (controller_runtime_reconcile_timeouts_total) and retried with backoff, as
     /// controller-runtime's ReconciliationTimeout. A healthy sync takes milliseconds;

@@ -58,6 +58,7 @@ pub mod observe {
 /// The defaults the tests size their runs by.
 pub mod ops {
     pub use crate::ops::cli::DEFAULT_WORKERS;
+    pub use crate::ops::sizing::{PEAK_BASE, PEAK_PER_FOO};
     pub use crate::ops::watchdog::PERIOD;
 }
 
