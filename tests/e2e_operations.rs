@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::PostParams;
 use sample_controller::Foo;
@@ -807,4 +809,72 @@ async fn a_sync_that_panics_fails_alone_counted_logged_and_retried_and_the_leade
 /// The holder of the test Lease, once there is one.
 async fn holder_within(ns: &TestNamespace, within: Duration) -> String {
     wait_until("a holder of the test Lease", within, || holder(ns)).await
+}
+
+/// kube-lease-fence's example (`examples/leader_controller.rs`): a
+/// kube-runtime Controller run under `Elector::run`, as a user of the crate
+/// writes it, two replicas, no fence. One leads and stamps the ConfigMap
+/// with its name; the standby writes nothing while it waits; killed, the
+/// leader is replaced within a lease duration and a little more; on
+/// SIGTERM the new one releases the Lease and exits cleanly.
+#[tokio::test]
+async fn the_elector_crates_example_controller_fails_over_on_a_kill_and_its_standby_never_writes() {
+    const EXAMPLE_LEASE: Duration = Duration::from_secs(6);
+    let ns = TestNamespace::new("example-leader").await;
+    let log =
+        |who: &str| std::fs::File::create(format!("{}/{}-{who}.log", env!("CARGO_TARGET_TMPDIR"), ns.name)).unwrap();
+    let start = |who: &str| {
+        let mut cmd = example_command("leader_controller");
+        cmd.args([ns.name.as_str(), who]).env("LEASE_SECONDS", EXAMPLE_LEASE.as_secs().to_string());
+        Process::start(cmd.stdout(log(who)).stderr(log(who)), "kube-lease-fence's leader_controller example")
+    };
+    let mut replicas = [start("a"), start("b")];
+    let configmaps = ns.api::<ConfigMap>();
+    let stamped: ConfigMap = serde_json::from_value(json!({
+        "metadata": { "name": "stamped", "labels": { "example": "leader-controller" } }
+    }))
+    .unwrap();
+    configmaps.create(&PostParams::default(), &stamped).await.unwrap();
+    let stamp = || async {
+        let cm = configmaps.get("stamped").await.ok()?;
+        cm.data?.get("leader").cloned()
+    };
+    let first = wait_until("a replica to stamp the ConfigMap", TIMEOUT, stamp).await;
+    let (leader, standby) = if first == "a" { (0, "b") } else { (1, "a") };
+    // Time for a standby that wrongly writes to do it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+
+    let killed_at = Timestamp::now();
+    replicas[leader].kill().unwrap();
+    replicas[leader].wait().unwrap();
+    wait_until("the standby to stamp the ConfigMap", TIMEOUT, || async { (stamp().await? == standby).then_some(()) })
+        .await;
+    let failover = seconds(killed_at, Timestamp::now());
+    println!("leader {first} killed: {standby} stamped the ConfigMap {failover:.2} s later");
+    assert!(
+        failover < EXAMPLE_LEASE.as_secs_f64() + 5.0,
+        "the standby took {failover:.2} s to take over a {EXAMPLE_LEASE:?} lease"
+    );
+
+    let new = &mut replicas[1 - leader];
+    assert!(Command::new("kill").args(["-TERM", &new.id().to_string()]).status().unwrap().success());
+    let exited = wait_until("the new leader to exit on SIGTERM", SHUTDOWN_BOUND, || {
+        let status = new.try_wait().unwrap();
+        async move { status }
+    })
+    .await;
+    assert!(exited.success(), "the example exited with {exited} on SIGTERM");
+    let lease = ns.api::<Lease>().get("leader-controller").await.unwrap();
+    let holder = lease.spec.and_then(|s| s.holder_identity);
+    assert_eq!(holder, None, "SIGTERM did not release the Lease");
+
+    let stamps = |who: &str| -> Vec<Audited> {
+        audited(&ns.name, &format!("leader-controller/{who}"))
+            .into_iter()
+            .filter(|r| r.resource == "configmaps" && WRITES.contains(&r.verb.as_str()))
+            .collect()
+    };
+    let early: Vec<_> = stamps(standby).into_iter().filter(|r| r.at < killed_at).collect();
+    assert!(early.is_empty(), "the standby wrote while the leader lived: {early:?}");
+    assert!(!stamps(&first).is_empty(), "the audit log shows no stamp of the first leader");
 }

@@ -233,3 +233,20 @@ pub async fn one_leader(ops: &[&Operator]) -> usize {
     })
     .await
 }
+
+/// A workspace example's binary (`cargo build --workspace --all-targets`
+/// builds it beside the test binaries, as the test command does), talking
+/// to the test plane as its admin.
+pub fn example_command(name: &str) -> Command {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    // target/<profile>/deps/<test> -> target/<profile>/examples/<name>
+    let path =
+        exe.parent().and_then(|deps| deps.parent()).expect("a test binary under target/").join("examples").join(name);
+    assert!(path.exists(), "{} is not built: cargo build --workspace --all-targets builds it", path.display());
+    let mut cmd = Command::new(path);
+    cmd.env("KUBECONFIG", kubeconfig_path());
+    for proxy in ["HTTPS_PROXY", "https_proxy", "NO_PROXY", "no_proxy"] {
+        cmd.env_remove(proxy);
+    }
+    cmd
+}

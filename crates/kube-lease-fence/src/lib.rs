@@ -9,6 +9,7 @@ mod elector;
 mod fence;
 mod gate;
 mod identity;
+mod leadership;
 mod timing;
 mod watch;
 
@@ -16,6 +17,7 @@ pub use elector::{Elector, Fence, LeaderConfig, Lost};
 pub use fence::{FenceState, fence_holder, is_fence_refusal, no_such_kind};
 pub use gate::{WriteGate, may_write};
 pub use identity::default_identity;
+pub use leadership::Leadership;
 pub use timing::{LeaseVerdict, TimingError, check_timing, lease_verdict};
 pub use watch::{DefaultBackoff, Watches};
 
