@@ -14,8 +14,11 @@ use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use parking_lot::Mutex;
+use std::time::Duration;
+
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
+use tokio::task::{JoinHandle, JoinSet};
 
 use prometheus_client::metrics::counter::Counter;
 
@@ -59,15 +62,46 @@ impl Readiness {
     }
 }
 
+/// A listener serving in the background: the address it is bound to (the
+/// kernel's pick for port 0), and a graceful stop. Dropped, it serves on
+/// for the rest of the process, as a controller's endpoints usually do.
+#[derive(Debug)]
+pub struct Server {
+    addr: SocketAddr,
+    stop: watch::Sender<bool>,
+    task: JoinHandle<()>,
+}
+
+impl Server {
+    /// The address the listener is bound to.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Stop accepting connections, answer the requests under way, close
+    /// idle keep-alive connections, and wait for the open ones to end, at
+    /// most `grace`; those still open then are closed. Whether every
+    /// connection ended within `grace`.
+    pub async fn shutdown(mut self, grace: Duration) -> bool {
+        self.stop.send_replace(true);
+        if tokio::time::timeout(grace, &mut self.task).await.is_ok() {
+            return true;
+        }
+        // Its connections' tasks are aborted with it.
+        self.task.abort();
+        false
+    }
+}
+
 /// Bind `addr` now (so a bad address fails start-up) and serve `router`
 /// (`what` it serves, for the log) in the background, over HTTP/1.1; a
 /// request header slower than 10 s is dropped, and at most 64 connections
 /// are served at once, a new one taking the place of the oldest of the
 /// client that holds the most.
-pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<tokio::task::JoinHandle<()>> {
+pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<Server> {
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
-    Ok(tokio::spawn(accept(listener, bound, move |tcp| serve_connection(tcp, router.clone(), false))))
+    Ok(spawn_server(listener, bound, move |tcp, stop| serve_connection(tcp, router.clone(), false, stop)))
 }
 
 /// Like [`serve`], over TLS with `tls`, each connection HTTP/1.1 only
@@ -78,32 +112,53 @@ pub async fn serve_tls(
     what: &'static str,
     router: Router,
     tls: Arc<tokio_rustls::rustls::ServerConfig>,
-) -> Result<tokio::task::JoinHandle<()>> {
+) -> Result<Server> {
     // One answer to "HTTP/2?": what the handshake offers.
     let http2 = tls.alpn_protocols.iter().any(|protocol| protocol == b"h2");
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, tls = true, http2, endpoints = %what, "serving HTTP");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    Ok(tokio::spawn(accept(listener, bound, move |tcp| {
+    Ok(spawn_server(listener, bound, move |tcp, stop| {
         let (acceptor, router) = (acceptor.clone(), router.clone());
         async move {
             if let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await {
-                serve_connection(stream, router, http2).await;
+                serve_connection(stream, router, http2, stop).await;
             }
         }
-    })))
+    }))
 }
 
-/// Accept connections on `listener` for ever, each served by `serve` in
-/// a task of its own, at most [`MAX_CONNECTIONS`] at once ([`Places`]).
-async fn accept<F, Fut>(listener: TcpListener, bound: SocketAddr, serve: F)
+/// [`accept`] in a task of its own, and its handle.
+fn spawn_server<F, Fut>(listener: TcpListener, bound: SocketAddr, serve: F) -> Server
 where
-    F: Fn(TcpStream) -> Fut,
+    F: Fn(TcpStream, watch::Receiver<bool>) -> Fut + Send + 'static,
+    Fut: Future<Output = ()> + Send + 'static,
+{
+    let (stop, stopping) = watch::channel(false);
+    let task = tokio::spawn(accept(listener, bound, serve, stopping));
+    Server { addr: bound, stop, task }
+}
+
+/// Accept connections on `listener` until `stop` says so, each served by
+/// `serve` in a task of its own, at most [`MAX_CONNECTIONS`] at once
+/// ([`Places`]); then wait for the connections to end.
+async fn accept<F, Fut>(listener: TcpListener, bound: SocketAddr, serve: F, mut stop: watch::Receiver<bool>)
+where
+    F: Fn(TcpStream, watch::Receiver<bool>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let places = Arc::new(Mutex::new(Places::default()));
+    let mut connections = JoinSet::new();
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            // A dropped `Server` (the sender gone) disables this branch:
+            // serving goes on.
+            Ok(()) = stop.changed() => break,
+            // Ended connections, reaped so that the set does not grow.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+        };
+        let (tcp, peer) = match accepted {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors, say: accepting again at once
@@ -118,9 +173,9 @@ where
             drop(tcp);
             continue;
         };
-        let connection = serve(tcp);
+        let connection = serve(tcp, stop.clone());
         let places = places.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             tokio::select! {
                 () = connection => {}
                 // Its place given to another client's connection.
@@ -129,6 +184,8 @@ where
             places.lock().give_back(place);
         });
     }
+    drop(listener);
+    while connections.join_next().await.is_some() {}
 }
 
 /// A connection's place: its peer and its number.
@@ -204,8 +261,9 @@ impl Places {
     }
 }
 
-/// One connection, until it closes.
-async fn serve_connection<Io>(io: Io, router: Router, http2: bool)
+/// One connection, until it closes, or until `stop` says so: then the
+/// request under way is answered and the connection closed.
+async fn serve_connection<Io>(io: Io, router: Router, http2: bool, mut stop: watch::Receiver<bool>)
 where
     Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -218,7 +276,16 @@ where
     // hyper starts this timer whenever it waits for a request header, on
     // an idle keep-alive connection too: an idle one gives its place up.
     builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
-    if let Err(e) = builder.serve_connection(io, service).await {
+    let connection = builder.serve_connection(io, service);
+    tokio::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        Ok(()) = stop.changed() => {
+            connection.as_mut().graceful_shutdown();
+            connection.await
+        }
+    };
+    if let Err(e) = ended {
         tracing::debug!(error = %e, "HTTP connection ended");
     }
 }
@@ -376,10 +443,12 @@ mod tests {
     /// A plain listener on a free port serving the probes, as [`serve`]
     /// does, and its address.
     async fn probes_listening() -> SocketAddr {
-        let (listener, bound) = bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        probes_server().await.local_addr()
+    }
+
+    async fn probes_server() -> Server {
         let router = probes_router(Arc::new(Readiness::default()));
-        tokio::spawn(accept(listener, bound, move |tcp| serve_connection(tcp, router.clone(), false)));
-        bound
+        serve("127.0.0.1:0".parse().unwrap(), PROBE_ENDPOINTS, router).await.unwrap()
     }
 
     /// `GET /healthz` on `tcp`, and the answer's status line.
@@ -501,6 +570,61 @@ mod tests {
         places.give_back(c_place);
         assert_eq!(places.held, MAX_CONNECTIONS - 1);
         assert!(!places.by_peer.contains_key(&c), "a peer with no connection left is forgotten");
+    }
+
+    /// A listener whose `/slow` answers after `delay`, and `/healthz` at once.
+    async fn slow_server(delay: Duration) -> Server {
+        let slow = move || async move {
+            tokio::time::sleep(delay).await;
+            "done"
+        };
+        let router = Router::new()
+            .route("/slow", axum::routing::get(slow))
+            .route("/healthz", axum::routing::get(|| async { "ok" }));
+        serve("127.0.0.1:0".parse().unwrap(), "/slow", router).await.unwrap()
+    }
+
+    /// The status line of the answer on `tcp`.
+    async fn status_line(tcp: &mut TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut answer = vec![0; 512];
+        let read = tcp.read(&mut answer).await.unwrap();
+        String::from_utf8_lossy(&answer[..read]).lines().next().unwrap_or_default().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_shutdown_answers_the_request_under_way_closes_idle_connections_and_accepts_no_more() {
+        use tokio::io::AsyncWriteExt;
+        let server = slow_server(Duration::from_millis(500)).await;
+        let addr = server.local_addr();
+        let mut idle = TcpStream::connect(addr).await.unwrap();
+        assert_eq!(healthz(&mut idle).await, "HTTP/1.1 200 OK", "a keep-alive connection, idle since");
+        let mut busy = TcpStream::connect(addr).await.unwrap();
+        busy.write_all(b"GET /slow HTTP/1.1\r\nhost: operator\r\n\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let started = std::time::Instant::now();
+        let (drained, answer, idle_closed) =
+            tokio::join!(server.shutdown(Duration::from_secs(5)), status_line(&mut busy), closed(&mut idle));
+        assert_eq!(answer, "HTTP/1.1 200 OK", "the request under way is answered");
+        assert!(idle_closed, "the idle connection is closed");
+        assert!(drained, "every connection ended within the grace");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the idle connection held the shutdown: {:?}",
+            started.elapsed()
+        );
+        assert!(TcpStream::connect(addr).await.is_err(), "still accepting");
+    }
+
+    #[tokio::test]
+    async fn a_request_longer_than_the_grace_is_cut_and_the_shutdown_says_so() {
+        use tokio::io::AsyncWriteExt;
+        let server = slow_server(Duration::from_secs(30)).await;
+        let mut busy = TcpStream::connect(server.local_addr()).await.unwrap();
+        busy.write_all(b"GET /slow HTTP/1.1\r\nhost: operator\r\n\r\n").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!server.shutdown(Duration::from_millis(300)).await, "said drained with a request under way");
+        assert!(closed(&mut busy).await, "the connection outlived its grace");
     }
 
     #[test]

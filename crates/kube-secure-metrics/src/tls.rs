@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
 use tokio_rustls::rustls::crypto::ring::{default_provider, sign::any_supported_type};
+use tokio_rustls::rustls::pki_types::pem::{self, PemObject};
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::rustls::server::{ClientHello, ResolvesServerCert};
 use tokio_rustls::rustls::sign::CertifiedKey;
@@ -36,7 +37,7 @@ pub enum TlsError {
         file: &'static str,
         dir: PathBuf,
         #[source]
-        source: std::io::Error,
+        source: pem::Error,
     },
     /// A file holds no certificate, or no key.
     #[error("{file} in {} holds no {what}", dir.display())]
@@ -167,15 +168,19 @@ fn load(dir: &Path) -> Result<Loaded> {
     };
     let modified = modified(dir);
     let (cert_pem, key_pem) = (read(CERT_FILE)?, read(KEY_FILE)?);
-    let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert_pem.as_slice())
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&cert_pem)
         .collect::<std::result::Result<_, _>>()
         .map_err(|source| TlsError::Pem { file: CERT_FILE, dir: dir.to_owned(), source })?;
     if certs.is_empty() {
         return Err(TlsError::Empty { file: CERT_FILE, dir: dir.to_owned(), what: "certificate" });
     }
-    let key = rustls_pemfile::private_key(&mut key_pem.as_slice())
-        .map_err(|source| TlsError::Pem { file: KEY_FILE, dir: dir.to_owned(), source })?
-        .ok_or_else(|| TlsError::Empty { file: KEY_FILE, dir: dir.to_owned(), what: "private key" })?;
+    let key = match PrivateKeyDer::from_pem_slice(&key_pem) {
+        Ok(key) => key,
+        Err(pem::Error::NoItemsFound) => {
+            return Err(TlsError::Empty { file: KEY_FILE, dir: dir.to_owned(), what: "private key" });
+        }
+        Err(source) => return Err(TlsError::Pem { file: KEY_FILE, dir: dir.to_owned(), source }),
+    };
     let key = certified(certs, &key)?;
     // rustls serves a mismatched pair, and every handshake then fails.
     match key.keys_match() {
