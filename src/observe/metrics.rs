@@ -390,6 +390,29 @@ impl Metrics {
         self.metrics_auth_throttled.clone()
     }
 
+    /// A registry with a series in every family, each of its labels set:
+    /// what tests/docs.rs checks docs/metrics.md against.
+    #[cfg(any(test, feature = "test-fixtures"))]
+    pub fn with_every_family() -> Self {
+        let m = Metrics::new();
+        m.observe_reconcile::<()>(Duration::ZERO, Ok(&Action::await_change()));
+        m.count_timeout();
+        m.count_panic();
+        m.count_terminal();
+        drop(m.worker_started());
+        m.set_max_workers(1);
+        m.set_leader("sample-controller", true);
+        m.set_unsynced(0, Duration::ZERO);
+        m.set_sizing(0, Some((1, "cgroup")));
+        m.set_fence_refused(Duration::ZERO);
+        m.set_fence_state(FENCE_STATES[0]);
+        m.set_confinement("enforced", &["enforced"]);
+        m.auth_throttled().inc();
+        let request = RestLabels { code: "200".into(), method: "GET".into(), host: "api".into() };
+        m.rest_requests.get_or_create(&request).inc();
+        m
+    }
+
     /// The registry in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
