@@ -93,15 +93,72 @@ impl Server {
     }
 }
 
+/// A listener's bounds: the connections it serves at once, how many of
+/// them one client address may hold (its connections past that are closed
+/// at once), and how long a client may take over its TLS handshake or a
+/// request header (an idle HTTP/1.1 connection gives its place up after as
+/// long). When all places are taken, a new connection takes the place of
+/// the oldest connection of the client holding the most, so that no
+/// client keeps another out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Limits {
+    /// Connections served at once (64).
+    pub connections: usize,
+    /// The most of them one client address holds (32).
+    pub per_client: usize,
+    /// The longest TLS handshake or request header (10 s).
+    pub slow_client: Duration,
+}
+
+impl Default for Limits {
+    /// 64 connections, 32 of one client, 10 s: room for many Prometheus
+    /// replicas, while a client opening thousands cannot make the process
+    /// hold thousands (each costs a task and tens of KiB of buffers with
+    /// TLS).
+    fn default() -> Self {
+        Limits { connections: MAX_CONNECTIONS, per_client: PER_CLIENT, slow_client: SLOW_CLIENT }
+    }
+}
+
+impl Limits {
+    /// Serve `connections` at once (at least 1); one client's share stays
+    /// within it.
+    pub fn with_connections(mut self, connections: usize) -> Self {
+        self.connections = connections.max(1);
+        self.per_client = self.per_client.min(self.connections);
+        self
+    }
+
+    /// Let one client address hold `per_client` connections (at least 1,
+    /// at most the listener's).
+    pub fn with_per_client(mut self, per_client: usize) -> Self {
+        self.per_client = per_client.clamp(1, self.connections);
+        self
+    }
+
+    /// Drop a TLS handshake or request header slower than `slow_client`.
+    pub fn with_slow_client(mut self, slow_client: Duration) -> Self {
+        self.slow_client = slow_client;
+        self
+    }
+}
+
 /// Bind `addr` now (so a bad address fails start-up) and serve `router`
 /// (`what` it serves, for the log) in the background, over HTTP/1.1; a
 /// request header slower than 10 s is dropped, and at most 64 connections
 /// are served at once, a new one taking the place of the oldest of the
 /// client that holds the most.
 pub async fn serve(addr: SocketAddr, what: &'static str, router: Router) -> Result<Server> {
+    serve_with(addr, what, router, Limits::default()).await
+}
+
+/// [`serve`] within `limits`.
+pub async fn serve_with(addr: SocketAddr, what: &'static str, router: Router, limits: Limits) -> Result<Server> {
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, endpoints = %what, "serving HTTP");
-    Ok(spawn_server(listener, bound, move |tcp, stop| serve_connection(tcp, router.clone(), false, stop)))
+    let slow = limits.slow_client;
+    Ok(spawn_server(listener, bound, limits, move |tcp, stop| serve_connection(tcp, router.clone(), false, slow, stop)))
 }
 
 /// Like [`serve`], over TLS with `tls`, each connection HTTP/1.1 only
@@ -113,41 +170,59 @@ pub async fn serve_tls(
     router: Router,
     tls: Arc<tokio_rustls::rustls::ServerConfig>,
 ) -> Result<Server> {
+    serve_tls_with(addr, what, router, tls, Limits::default()).await
+}
+
+/// [`serve_tls`] within `limits`.
+pub async fn serve_tls_with(
+    addr: SocketAddr,
+    what: &'static str,
+    router: Router,
+    tls: Arc<tokio_rustls::rustls::ServerConfig>,
+    limits: Limits,
+) -> Result<Server> {
     // One answer to "HTTP/2?": what the handshake offers.
     let http2 = tls.alpn_protocols.iter().any(|protocol| protocol == b"h2");
     let (listener, bound) = bind(addr).await?;
     tracing::info!(addr = %bound, tls = true, http2, endpoints = %what, "serving HTTP");
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    Ok(spawn_server(listener, bound, move |tcp, stop| {
+    let slow = limits.slow_client;
+    Ok(spawn_server(listener, bound, limits, move |tcp, stop| {
         let (acceptor, router) = (acceptor.clone(), router.clone());
         async move {
-            if let Ok(Ok(stream)) = tokio::time::timeout(SLOW_CLIENT, acceptor.accept(tcp)).await {
-                serve_connection(stream, router, http2, stop).await;
+            if let Ok(Ok(stream)) = tokio::time::timeout(slow, acceptor.accept(tcp)).await {
+                serve_connection(stream, router, http2, slow, stop).await;
             }
         }
     }))
 }
 
 /// [`accept`] in a task of its own, and its handle.
-fn spawn_server<F, Fut>(listener: TcpListener, bound: SocketAddr, serve: F) -> Server
+fn spawn_server<F, Fut>(listener: TcpListener, bound: SocketAddr, limits: Limits, serve: F) -> Server
 where
     F: Fn(TcpStream, watch::Receiver<bool>) -> Fut + Send + 'static,
     Fut: Future<Output = ()> + Send + 'static,
 {
     let (stop, stopping) = watch::channel(false);
-    let task = tokio::spawn(accept(listener, bound, serve, stopping));
+    let places = Places::within(limits);
+    let task = tokio::spawn(accept(listener, bound, places, serve, stopping));
     Server { addr: bound, stop, task }
 }
 
 /// Accept connections on `listener` until `stop` says so, each served by
-/// `serve` in a task of its own, at most [`MAX_CONNECTIONS`] at once
-/// ([`Places`]); then wait for the connections to end.
-async fn accept<F, Fut>(listener: TcpListener, bound: SocketAddr, serve: F, mut stop: watch::Receiver<bool>)
-where
+/// `serve` in a task of its own, as many at once as `places` has; then
+/// wait for the connections to end.
+async fn accept<F, Fut>(
+    listener: TcpListener,
+    bound: SocketAddr,
+    places: Places,
+    serve: F,
+    mut stop: watch::Receiver<bool>,
+) where
     F: Fn(TcpStream, watch::Receiver<bool>) -> Fut,
     Fut: Future<Output = ()> + Send + 'static,
 {
-    let places = Arc::new(Mutex::new(Places::default()));
+    let places = Arc::new(Mutex::new(places));
     let mut connections = JoinSet::new();
     loop {
         let accepted = tokio::select! {
@@ -204,21 +279,28 @@ struct Place {
 /// another out: the kubelet's probe, one connection from the node, is
 /// always served (an accept that waited for a place, as before, let 300
 /// idle connections of one client keep every probe out).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Places {
     by_peer: HashMap<IpAddr, VecDeque<(u64, oneshot::Sender<()>)>>,
     held: usize,
     next: u64,
+    connections: usize,
+    per_client: usize,
 }
 
 impl Places {
+    fn within(limits: Limits) -> Self {
+        let (connections, per_client) = (limits.connections, limits.per_client);
+        Places { by_peer: HashMap::new(), held: 0, next: 0, connections, per_client }
+    }
+
     /// A place for a connection from `peer`, and what resolves when it is
     /// taken back for another; none when `peer` holds its share.
     fn take(&mut self, peer: IpAddr) -> Option<(Place, oneshot::Receiver<()>)> {
-        if self.by_peer.get(&peer).is_some_and(|held| held.len() >= PER_CLIENT) {
+        if self.by_peer.get(&peer).is_some_and(|held| held.len() >= self.per_client) {
             return None;
         }
-        if self.held >= MAX_CONNECTIONS {
+        if self.held >= self.connections {
             self.evict_for(peer);
         }
         let (evict, evicted) = oneshot::channel();
@@ -263,7 +345,7 @@ impl Places {
 
 /// One connection, until it closes, or until `stop` says so: then the
 /// request under way is answered and the connection closed.
-async fn serve_connection<Io>(io: Io, router: Router, http2: bool, mut stop: watch::Receiver<bool>)
+async fn serve_connection<Io>(io: Io, router: Router, http2: bool, slow: Duration, mut stop: watch::Receiver<bool>)
 where
     Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
 {
@@ -275,7 +357,7 @@ where
     }
     // hyper starts this timer whenever it waits for a request header, on
     // an idle keep-alive connection too: an idle one gives its place up.
-    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(SLOW_CLIENT);
+    builder.http1().timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(slow);
     let connection = builder.serve_connection(io, service);
     tokio::pin!(connection);
     let ended = tokio::select! {
@@ -552,7 +634,7 @@ mod tests {
     #[test]
     fn the_places_never_exceed_the_cap_or_a_clients_share_and_a_freed_place_is_counted_once() {
         let [a, b, c]: [IpAddr; 3] = ["10.0.0.1", "10.0.0.2", "10.0.0.3"].map(|ip| ip.parse().unwrap());
-        let mut places = Places::default();
+        let mut places = Places::within(Limits::default());
         let mut taken: Vec<_> = (0..PER_CLIENT).map(|_| places.take(a).expect("a's share")).collect();
         assert!(places.take(a).is_none(), "past a's share");
         let _b: Vec<_> = (0..MAX_CONNECTIONS - PER_CLIENT).map(|_| places.take(b).expect("b's share")).collect();
@@ -625,6 +707,31 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(!server.shutdown(Duration::from_millis(300)).await, "said drained with a request under way");
         assert!(closed(&mut busy).await, "the connection outlived its grace");
+    }
+
+    #[tokio::test]
+    async fn a_listener_within_smaller_limits_closes_a_client_past_its_own_share() {
+        let limits = Limits::default().with_connections(4).with_per_client(2);
+        let router = probes_router(Arc::new(Readiness::default()));
+        let server = serve_with("127.0.0.1:0".parse().unwrap(), PROBE_ENDPOINTS, router, limits).await.unwrap();
+        let mut held = Vec::new();
+        for _ in 0..2 {
+            let mut tcp = connect_from([127, 0, 0, 2], server.local_addr()).await;
+            assert_eq!(healthz(&mut tcp).await, "HTTP/1.1 200 OK");
+            held.push(tcp);
+        }
+        let mut third = connect_from([127, 0, 0, 2], server.local_addr()).await;
+        assert!(closed(&mut third).await, "a third connection of a client whose share is 2");
+        let mut other = connect_from([127, 0, 0, 3], server.local_addr()).await;
+        assert_eq!(healthz(&mut other).await, "HTTP/1.1 200 OK", "another client is served");
+    }
+
+    #[test]
+    fn limits_keep_a_clients_share_within_the_listeners_places() {
+        let limits = Limits::default().with_connections(3);
+        assert_eq!((limits.connections, limits.per_client), (3, 3));
+        assert_eq!(Limits::default().with_per_client(0).per_client, 1);
+        assert_eq!(Limits::default().with_connections(0).connections, 1);
     }
 
     #[test]

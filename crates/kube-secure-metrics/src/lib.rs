@@ -16,8 +16,8 @@ pub use auth::{Access, MetricsAuth, REVIEW_BURST, REVIEWS_PER_SECOND, STALE_FOR}
 /// crate builds with.
 pub use axum;
 pub use http::{
-    BindError, Exposition, METRICS_ENDPOINTS, PROBE_ENDPOINTS, Readiness, Server, metrics_router, probes_router,
-    secure_metrics_router, serve, serve_tls,
+    BindError, Exposition, Limits, METRICS_ENDPOINTS, PROBE_ENDPOINTS, Readiness, Server, metrics_router,
+    probes_router, secure_metrics_router, serve, serve_tls, serve_tls_with, serve_with,
 };
 pub use process::ProcessMetrics;
 /// The metrics library of [`Exposition`]'s text and [`ProcessMetrics`]'
