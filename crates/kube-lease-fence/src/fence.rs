@@ -20,6 +20,7 @@ use crate::watch::{Watches, states};
 
 /// Where the API server's fence stands for this replica.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FenceState {
     /// A standby, or a leader handing over: nothing to report.
     #[default]

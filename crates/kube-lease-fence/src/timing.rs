@@ -4,6 +4,7 @@ use std::time::Duration;
 
 /// What a candidate does about the Lease it just read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum LeaseVerdict {
     /// It holds the Lease: renew it.
     Renew,
