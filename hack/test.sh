@@ -206,14 +206,16 @@ hack/install-nextest.sh
 need_command promtool prometheus "promtool for the alert rules; Prometheus for the metrics tests"
 need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"
 # The workspace's crates of their own (crates/), for any kube-rs controller.
-crates=(-p kube-lease-fence -p kube-secure-metrics)
+crate_names=(kube-lease-fence kube-secure-metrics)
+crates=()
+for crate in "${crate_names[@]}"; do crates+=(-p "$crate"); done
 begin "formatting; every target of the workspace built and linted (clippy); the crates' docs; CRD matches the Foo type"
 cargo fmt --all --check
 cargo build --locked --quiet --workspace --all-targets
 # A library enables no Kubernetes version of k8s-openapi; their docs are
 # built with the workspace's.
-for crate in "${crates[@]/-p/}"; do
-  RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps -p $crate --features k8s-openapi/v1_35
+for crate in "${crate_names[@]}"; do
+  RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps -p "$crate" --features k8s-openapi/v1_35
 done
 hack/verify-crds.sh
 begin "Dockerfile lint"
