@@ -402,6 +402,22 @@ impl<W: Watches> Elector<W> {
         }
     }
 
+    /// [`Elector::release`] after an `acquire` cut short: its write may have
+    /// taken the Lease without this elector knowing, so the Lease is read
+    /// first.
+    pub(crate) async fn release_after_cut_acquire(&mut self) {
+        self.gate.revoke();
+        match self.api.get_opt(&self.cfg.lease_name).await {
+            Ok(current) => {
+                self.lease = current;
+                self.release().await;
+            }
+            Err(e) => {
+                warn!(lease = %self.cfg.lease_name, error = %e, "cannot read the lease after stopping; if it names this replica, it will expire")
+            }
+        }
+    }
+
     /// Give the Lease up so a standby can take over at once: one write from
     /// our last one, as client-go's (no holder, a 1 s duration). Errors are
     /// logged, as the Lease expires anyway.

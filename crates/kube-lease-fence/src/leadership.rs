@@ -16,6 +16,7 @@ use crate::{Elector, Lost, Watches, WriteGate};
 /// candidate again (a new [`Elector`] stands again). Dropping the handle
 /// stops the candidacy as `stop` does, without waiting for the release.
 #[derive(Debug)]
+#[must_use = "dropping the handle stops the candidacy"]
 pub struct Leadership {
     leading: watch::Receiver<bool>,
     gate: Arc<WriteGate>,
@@ -23,32 +24,57 @@ pub struct Leadership {
     task: JoinHandle<Option<Lost>>,
 }
 
+/// Whatever ends the candidacy's task, a panic too: the gate shut, then
+/// `leading` false, in that order.
+struct Ended {
+    gate: Arc<WriteGate>,
+    leading: watch::Sender<bool>,
+}
+
+impl Drop for Ended {
+    fn drop(&mut self) {
+        self.gate.revoke();
+        self.leading.send_replace(false);
+    }
+}
+
 impl<W: Watches> Elector<W> {
     /// Stand for the Lease in a task of its own (on the current tokio
-    /// runtime).
+    /// runtime). A release on stop is bounded by the renew deadline: past
+    /// it, the Lease is left to expire.
     pub fn run(mut self) -> Leadership {
         let (leading, watching) = watch::channel(false);
         let (stop, mut stopped) = oneshot::channel();
         let gate = self.gate();
+        let bound = self.cfg.renew_deadline;
         let task = tokio::spawn(async move {
+            let ended = Ended { gate: self.gate(), leading };
             tokio::select! {
                 () = self.acquire() => {}
-                // A stop, or the handle dropped, before leading: nothing to release.
-                _ = &mut stopped => return None,
+                // A stop, or the handle dropped, before leading; the write
+                // under way may have taken the Lease all the same.
+                _ = &mut stopped => {
+                    released_within(bound, self.release_after_cut_acquire()).await;
+                    return None;
+                }
             }
-            leading.send_replace(true);
-            // The gate is shut before `leading` says false, either way.
-            let lost = tokio::select! {
+            ended.leading.send_replace(true);
+            tokio::select! {
                 lost = self.hold() => Some(lost),
                 _ = &mut stopped => {
-                    self.release().await;
+                    released_within(bound, self.release()).await;
                     None
                 }
-            };
-            leading.send_replace(false);
-            lost
+            }
         });
         Leadership { leading: watching, gate, stop: Some(stop), task }
+    }
+}
+
+/// Wait for `release` at most `bound`; the gate is shut already.
+async fn released_within(bound: std::time::Duration, release: impl Future<Output = ()>) {
+    if tokio::time::timeout(bound, release).await.is_err() {
+        tracing::warn!("the Lease was not released within the renew deadline; it will expire");
     }
 }
 

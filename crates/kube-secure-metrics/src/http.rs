@@ -133,7 +133,7 @@ impl Limits {
     /// Let one client address hold `per_client` connections (at least 1,
     /// at most the listener's).
     pub fn with_per_client(mut self, per_client: usize) -> Self {
-        self.per_client = per_client.clamp(1, self.connections);
+        self.per_client = per_client.clamp(1, self.connections.max(1));
         self
     }
 
@@ -249,18 +249,32 @@ async fn accept<F, Fut>(
             continue;
         };
         let connection = serve(tcp, stop.clone());
-        let places = places.clone();
+        // Given back however the connection ends, a panic of a handler too:
+        // a place kept would count against its client for good.
+        let held = Held { places: places.clone(), place };
         connections.spawn(async move {
+            let _held = held;
             tokio::select! {
                 () = connection => {}
                 // Its place given to another client's connection.
                 _ = evicted => {}
             }
-            places.lock().give_back(place);
         });
     }
     drop(listener);
     while connections.join_next().await.is_some() {}
+}
+
+/// A connection's place, given back when dropped.
+struct Held {
+    places: Arc<Mutex<Places>>,
+    place: Place,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.places.lock().give_back(self.place);
+    }
 }
 
 /// A connection's place: its peer and its number.
@@ -290,7 +304,9 @@ struct Places {
 
 impl Places {
     fn within(limits: Limits) -> Self {
-        let (connections, per_client) = (limits.connections, limits.per_client);
+        // The fields are public: at least one place, and one for a client.
+        let connections = limits.connections.max(1);
+        let per_client = limits.per_client.clamp(1, connections);
         Places { by_peer: HashMap::new(), held: 0, next: 0, connections, per_client }
     }
 
