@@ -80,11 +80,11 @@ fn records(user_agent: &str, namespace: &str, user: &str) -> Vec<Audited> {
 /// renewals never stop, so they do not count as movement.
 pub async fn settled_requests(ns: &str, still: Duration) -> Vec<Audited> {
     let moving = |all: &[Audited]| all.iter().filter(|r| r.resource != "leases").count();
-    let (mut last, mut since) = (audited(ns, USER_AGENT), Instant::now());
+    let (mut last, mut since) = (audited_apart(ns).await, Instant::now());
     let deadline = Instant::now() + TIMEOUT;
     loop {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        let now = audited(ns, USER_AGENT);
+        let now = audited_apart(ns).await;
         if moving(&now) != moving(&last) {
             (last, since) = (now, Instant::now());
         } else if since.elapsed() >= still {
@@ -93,6 +93,14 @@ pub async fn settled_requests(ns: &str, still: Duration) -> Vec<Audited> {
         let latest = &last[last.len().saturating_sub(5)..];
         assert!(Instant::now() < deadline, "the operator kept making requests; the latest: {latest:?}");
     }
+}
+
+/// The operator's requests in `ns`, read on tokio's blocking pool: a large
+/// audit log takes seconds to read, and a test's other futures (one
+/// sampling the replicas, say) must run meanwhile.
+async fn audited_apart(ns: &str) -> Vec<Audited> {
+    let ns = ns.to_owned();
+    tokio::task::spawn_blocking(move || audited(&ns, USER_AGENT)).await.expect("read the audit log")
 }
 
 /// Verbs that change something.
