@@ -244,6 +244,11 @@ async fn an_idle_pair_costs_one_lease_write_per_renewal_and_nothing_else() {
         Some(())
     })
     .await;
+    // Readiness can come before the leader's last start-up request: its
+    // fence's watch (where another test installed the LeaderFence CRD)
+    // opens once it leads, and on a loaded machine after both replicas
+    // report ready. Idle begins when start-up's requests have stopped.
+    settled_requests(&ns.name, Duration::from_secs(2)).await;
     let from = k8s_openapi::jiff::Timestamp::now();
     let window = Duration::from_secs(8);
     // Time under test: a window in which only the leader may write.
