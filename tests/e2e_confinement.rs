@@ -544,12 +544,24 @@ async fn the_leader_fence_still_refuses_the_operators_own_writes_from_a_pod_that
 
 /// deploy/ applied through a kustomize overlay that moves it to another
 /// namespace and prefixes its names, as a user's first customization does;
-/// deleted again (its LeaderFence CRD is deploy/'s too: applied again) when
-/// dropped, and deploy/'s own bindings off meanwhile, so that only the
-/// overlay's policies judge.
+/// deleted again when dropped, and deploy/'s own bindings off meanwhile, so
+/// that only the overlay's policies judge. The overlay leaves out the
+/// LeaderFence CRD (kustomize prefixes no CRD's name: it is deploy/'s own,
+/// installed already): deleting it with the overlay would delete every
+/// LeaderFence on the plane under the other suites' leaders running beside.
 struct Overlaid {
     dir: String,
 }
+
+/// The overlay's patch leaving deploy/'s LeaderFence CRD out.
+const WITHOUT_FENCE_CRD: &str = "patches:
+- patch: |-
+    $patch: delete
+    apiVersion: apiextensions.k8s.io/v1
+    kind: CustomResourceDefinition
+    metadata:
+      name: leaderfences.samplecontroller.k8s.io
+";
 
 /// The overlay's namespace, prefix and ServiceAccount.
 const OVERLAY_NS: &str = "confined-overlay-ops";
@@ -561,8 +573,9 @@ impl Overlaid {
         // In the repository, where `../../deploy` is deploy/; this plane's own.
         let dir = format!(".local/test-overlay-{}", std::env::var("KUBE_MINOR").unwrap_or_default());
         std::fs::create_dir_all(&dir).unwrap();
-        let kustomization =
-            format!("resources: [../../deploy]\nnamespace: {OVERLAY_NS}\nnamePrefix: {OVERLAY_PREFIX}\n");
+        let kustomization = format!(
+            "resources: [../../deploy]\nnamespace: {OVERLAY_NS}\nnamePrefix: {OVERLAY_PREFIX}\n{WITHOUT_FENCE_CRD}"
+        );
         std::fs::write(format!("{dir}/kustomization.yaml"), kustomization).unwrap();
         kubectl_ok(&[
             "delete",
@@ -579,8 +592,6 @@ impl Overlaid {
 impl Drop for Overlaid {
     fn drop(&mut self) {
         kubectl(&["delete", "-k", &self.dir, "--wait=false"]);
-        kubectl(&["apply", "-f", "deploy/11-leader-fence-crd.yaml"]);
-        kubectl(&["wait", "--for=condition=established", "crd/leaderfences.samplecontroller.k8s.io", "--timeout=60s"]);
         kubectl(&[
             "apply",
             "-f",

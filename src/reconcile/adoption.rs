@@ -39,7 +39,7 @@ use kube::{Api, ResourceExt};
 use parking_lot::Mutex;
 use serde::Deserialize;
 use tokio::sync::watch;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::api::deployment::{controlling_foo, has_managed_label, unmanaged_selector};
 use crate::api::deployment_view::DeploymentView;
@@ -131,6 +131,7 @@ impl Adoption {
                 Err(e) => warn!(error = %e, "cannot list Deployments to adopt; each Foo's sync will adopt its own"),
             }
         }
+        debug!("adoption pass finished; syncs may start");
         self.finished.send_replace(true);
     }
 
