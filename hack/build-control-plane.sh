@@ -36,7 +36,9 @@ start=$SECONDS
 cd "$TOOLS_DIR"
 # -trimpath and no VCS stamping: reproducible, and independent of where the
 # clone lives. CGO off: etcd and the Kubernetes servers are pure Go.
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false"
+# No DWARF from the compiler: the linker's -w would drop it anyway (5% of
+# the build's CPU, measured on kwok's).
+export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"
 # Stamp the release into the servers as Kubernetes' own build does, so
 # /version (and kubectl's skew check) report it rather than v0.0.0.
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
