@@ -151,7 +151,7 @@ run_tests() { # cargo nextest run args...; adds "passed failed skipped" from its
   return "$rc"
 }
 
-doc_tests() { # -p crate...; runs their doctests (cargo test: nextest runs none), adding them to the totals
+doc_tests() { # cargo-test-args...; runs their doctests (cargo test: nextest runs none), adding them to the totals
   local rc=0 out
   out="$(mktemp)"
   cargo test --locked --doc "$@" 2>&1 | tee "$out" || rc=$?
@@ -207,16 +207,15 @@ need_command promtool prometheus "promtool for the alert rules; Prometheus for t
 need_command skopeo skopeo "the install test pushes the image to a registry, as README.md's install does"
 # The workspace's crates of their own (crates/), for any kube-rs controller.
 crate_names=(kube-lease-fence kube-secure-metrics)
-crates=()
-for crate in "${crate_names[@]}"; do crates+=(-p "$crate"); done
-begin "formatting; every target of the workspace built and linted (clippy); the crates' docs; CRD matches the Foo type"
+crates=() only_crates=()
+for crate in "${crate_names[@]}"; do
+  crates+=(-p "$crate")
+  only_crates+=("package($crate)")
+done
+only_crates=$(IFS='|'; echo "${only_crates[*]}")
+begin "formatting; every target of the workspace built and linted (clippy); CRD matches the Foo type"
 cargo fmt --all --check
 cargo build --locked --quiet --workspace --all-targets
-# A library enables no Kubernetes version of k8s-openapi; their docs are
-# built with the workspace's.
-for crate in "${crate_names[@]}"; do
-  RUSTDOCFLAGS="-D warnings" cargo doc --locked --quiet --no-deps -p "$crate" --features k8s-openapi/v1_35
-done
 hack/verify-crds.sh
 begin "Dockerfile lint"
 hack/lint-dockerfile.sh
@@ -235,10 +234,13 @@ done
 begin "unit and mocked-API tests, alert rules, layers"
 run_tests --lib --bins "${planeless[@]}" ||
   failing+=("unit and mocked-API tests, alert rules, layers")
-begin "the crates' tests (the elector, the metrics server)"
-run_tests "${crates[@]}" || failing+=("the crates' tests")
-doc_tests "${crates[@]}" || failing+=("the crates' README examples")
-begin "the crates as published: packaged for crates.io, and a user's project building them with Kubernetes 1.35's and 1.37's API"
+begin "the crates' tests (the elector, the metrics server); the workspace's doc examples"
+# Selected from the whole workspace, not with -p: cargo resolves the
+# dependencies' features for the packages it is given, and the crates alone
+# would need their dependencies compiled again, with fewer features.
+run_tests --workspace -E "$only_crates" || failing+=("the crates' tests")
+doc_tests --workspace || failing+=("the doc examples (the crates' READMEs among them)")
+begin "the crates as published: packaged for crates.io, a user's project building them with Kubernetes 1.35's and 1.37's API, their docs"
 # The crates' rust-version (1.89) is checked by clippy's incompatible_msrv
 # lint on the standard library's APIs above; no 1.89 toolchain can be
 # installed on these machines to build with.
@@ -250,6 +252,13 @@ for version in v1_35 v1_37; do
     cargo check --locked --quiet --manifest-path crates/consumer/Cargo.toml --features "$version" ||
     failing+=("a user's project with the crates and k8s-openapi's $version")
 done
+# Their docs as docs.rs builds them (rustdoc's warnings are errors), from the
+# user's project: a library enables no Kubernetes version of k8s-openapi,
+# and this way the dependencies' metadata is the check's above.
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}" RUSTDOCFLAGS="-D warnings" \
+  cargo doc --locked --quiet --no-deps --manifest-path crates/consumer/Cargo.toml \
+  -p crates-consumer "${crates[@]}" --features crates-consumer/v1_35 ||
+  failing+=("the crates' docs")
 # Needed by the image tests only, which end each minor's run: the release
 # build starts once the first plane is built, so it does not slow the plane
 # the first suites wait for, and takes what CPU the integration tests leave.
@@ -314,6 +323,8 @@ run_lane() { # i profile suite...
     fi
   done
   (( ${#names[@]} )) || return 0
+  # When each starts, for reading a run's critical path afterwards.
+  log "at ${SECONDS}s: ${names[*]//--test /} on Kubernetes $minor"
   NEXTEST_PROFILE=$profile run_tests "${names[@]}" || echo "${names[*]//--test /} on Kubernetes $minor" >>"$failed_steps"
 }
 
@@ -324,6 +335,7 @@ run_minor() { # i
   local i=$1 minor=${minors[$1]} profile start=$SECONDS stat suite sole=() together=() users=()
   profile=$( ((i == 0)) && echo first || echo second)
   await "plane-$minor" "the Kubernetes $minor control plane" planes
+  log "at ${SECONDS}s: the Kubernetes $minor plane built"
   use_plane "$minor"
   for suite in "${suites[@]}"; do
     if [[ $alone == *" $suite "* ]]; then sole+=("$suite")
@@ -339,6 +351,7 @@ run_minor() { # i
   wait "$lane"
   await image "the image" image
   await registry "the test registry" planes
+  log "at ${SECONDS}s: the image and the registry built"
   export SAMPLE_CONTROLLER_TEST_IMAGE SAMPLE_CONTROLLER_TEST_REGISTRY
   SAMPLE_CONTROLLER_TEST_IMAGE="$(cat "$background/image.out")"
   SAMPLE_CONTROLLER_TEST_REGISTRY="$(hack/build-registry.sh)"
@@ -349,6 +362,7 @@ run_minor() { # i
   fi
   {
     flock 9
+    log "at ${SECONDS}s: e2e_image on Kubernetes $minor"
     NEXTEST_PROFILE=$profile run_tests --test e2e_image "${image_filter[@]}" ||
       echo "e2e_image on Kubernetes $minor" >>"$failed_steps"
   } 9>"$background/image.lock"

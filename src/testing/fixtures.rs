@@ -1,9 +1,14 @@
 //! Builders of Foos and Deployments as the API server returns them.
 //!
-//! ```ignore
+//! ```
+//! # use k8s_openapi::api::apps::v1::Deployment;
+//! # use sample_controller::Foo;
+//! # use sample_controller::testing::{DeploymentFixture, FooFixture};
 //! let foo = Foo::test("example-foo").replicas(3);
 //! let ours = Deployment::owned_by(&foo).replicas(1).available(1);
 //! let theirs = Deployment::foreign("example-foo");
+//! # assert_eq!(ours.spec.unwrap().replicas, Some(1));
+//! # assert_eq!(theirs.metadata.name.as_deref(), Some("example-foo"));
 //! ```
 
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStatus};
