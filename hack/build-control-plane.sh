@@ -37,7 +37,9 @@ cd "$TOOLS_DIR"
 # -trimpath and no VCS stamping: reproducible, and independent of where the
 # clone lives. CGO off: etcd and the Kubernetes servers are pure Go.
 # No DWARF from the compiler: the linker's -w would drop it anyway (5% of
-# the build's CPU, measured on kwok's).
+# the build's CPU, measured on kwok's). tests/e2e_upstream_swap.rs builds
+# the client-go reference with the same flags, to share the compiled
+# client-go packages through Go's build cache.
 export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"
 # Stamp the release into the servers as Kubernetes' own build does, so
 # /version (and kubectl's skew check) report it rather than v0.0.0.

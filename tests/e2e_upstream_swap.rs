@@ -235,7 +235,12 @@ const REFERENCE_AGENT: &str = "client-go-controller-reference/";
 /// path.
 fn built_reference() -> String {
     let out = scratch("client-go-controller-reference");
-    let goflags = format!("{} -mod=readonly -buildvcs=false", std::env::var("GOFLAGS").unwrap_or_default());
+    // Every flag that changes a package's compile as the plane's build sets
+    // it, or nothing comes from the cache.
+    let goflags = format!(
+        "{} -mod=readonly -buildvcs=false -gcflags=all=-dwarf=false",
+        std::env::var("GOFLAGS").unwrap_or_default()
+    );
     let started = Instant::now();
     let build = Command::new("go")
         .args(["build", "-trimpath", "-o", &out, "."])
