@@ -45,9 +45,13 @@ const MANY: usize = 200;
 /// after an API server restart (mostly its own start-up) and 0.4-2.9 s after
 /// etcd's (builds f8761ec to 06c7262, both planes).
 const RECOVERY_TARGET: Duration = Duration::from_secs(6);
-/// A convergence of `MANY` Foos interrupted by an outage finishes within
-/// seconds of the component's return (measured: 1-7 s); 15 s of bound.
-const CONVERGENCE_BOUND: Duration = Duration::from_secs(15);
+/// A convergence of `MANY` Foos interrupted by a fault finishes within
+/// seconds of the component's return (measured: 1-7 s on a machine running
+/// the suites alone; 16 s once, a takeover's, beside a cold run's image and
+/// plane builds). The bound is what a stall would pass (a relist, a resync,
+/// a backoff of a lease duration per Foo), with room for a loaded machine:
+/// how fast is the benchmarks' to say.
+const CONVERGENCE_BOUND: Duration = Duration::from_secs(30);
 /// A convergence no bound is claimed for (the Foos' first, before a fault).
 const CONVERGE_TIMEOUT: Duration = Duration::from_secs(180);
 
