@@ -311,11 +311,11 @@ runs_on() { # suite i
 # The suites of minor index i in a lane (profile: its nextest profile),
 # each failing one named in $failed_steps.
 run_lane() { # i profile suite...
-  local i=$1 profile=$2 minor=${minors[$1]} suite why names=()
+  local i=$1 profile=$2 minor=${minors[$1]} suite why names=() running=()
   shift 2
   for suite in "$@"; do
     if why=$(runs_on "$suite" "$i"); then
-      names+=(--test "$suite")
+      names+=(--test "$suite") running+=("$suite")
     else
       log "$suite skipped on Kubernetes $minor: $why"
       NEXTEST_PROFILE=$profile NO_TESTS=pass run_tests --test "$suite" -E 'none()' ||
@@ -324,8 +324,8 @@ run_lane() { # i profile suite...
   done
   (( ${#names[@]} )) || return 0
   # When each starts, for reading a run's critical path afterwards.
-  log "at ${SECONDS}s: ${names[*]//--test /} on Kubernetes $minor"
-  NEXTEST_PROFILE=$profile run_tests "${names[@]}" || echo "${names[*]//--test /} on Kubernetes $minor" >>"$failed_steps"
+  log "at ${SECONDS}s: ${running[*]} on Kubernetes $minor"
+  NEXTEST_PROFILE=$profile run_tests "${names[@]}" || echo "${running[*]} on Kubernetes $minor" >>"$failed_steps"
 }
 
 # Everything of minor index i: its plane, its suites, then its image and
