@@ -252,9 +252,9 @@ for version in v1_35 v1_37; do
     cargo check --locked --quiet --manifest-path crates/consumer/Cargo.toml --features "$version" ||
     failing+=("a user's project with the crates and k8s-openapi's $version")
 done
-# Their docs as docs.rs builds them (rustdoc's warnings are errors), from the
-# user's project: a library enables no Kubernetes version of k8s-openapi,
-# and this way the dependencies' metadata is the check's above.
+# Their docs, rustdoc's warnings as errors, built from the user's project:
+# a library enables no Kubernetes version of k8s-openapi (docs.rs picks its
+# own), and this way the dependencies' metadata is the check's above.
 CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$REPO_ROOT/target}" RUSTDOCFLAGS="-D warnings" \
   cargo doc --locked --quiet --no-deps --manifest-path crates/consumer/Cargo.toml \
   -p crates-consumer "${crates[@]}" --features crates-consumer/v1_35 ||
