@@ -299,7 +299,7 @@ async fn killed_leader_is_replaced_once_its_lease_expires() {
     let last_renewal = audited(&ns.name, USER_AGENT)
         .into_iter()
         .filter(|r| r.resource == "leases" && ["create", "update"].contains(&r.verb.as_str()) && r.at < acquired)
-        .filter(|r| r.code.is_some_and(|c| (200..300).contains(&c)))
+        .filter(|r| r.admitted())
         .map(|r| r.at)
         .max()
         .expect("the dead leader's renewals in the audit log");
@@ -739,14 +739,13 @@ async fn sigterm_finishes_in_flight_syncs_and_sends_queued_events_before_exiting
     // Work was left at the signal, from the audit log: Foos not yet synced,
     // a sync that finished only after it, and Events still queued.
     let requests = audited(&ns.name, USER_AGENT);
-    let admitted = |r: &&Audited| r.code.is_some_and(|c| (200..300).contains(&c));
     let status_writes: Vec<&Audited> = requests
         .iter()
         .filter(|r| r.resource == "foos" && r.subresource.as_deref() == Some("status") && r.verb == "patch")
-        .filter(admitted)
+        .filter(|r| r.admitted())
         .collect();
     let event_creates: Vec<&Audited> =
-        requests.iter().filter(|r| r.resource == "events" && r.verb == "create").filter(admitted).collect();
+        requests.iter().filter(|r| r.resource == "events" && r.verb == "create").filter(|r| r.admitted()).collect();
     let before = |writes: &[&Audited]| writes.iter().filter(|r| r.at <= signalled).count();
     let after = |writes: &[&Audited]| writes.iter().filter(|r| r.at > signalled).count();
     println!(
@@ -877,7 +876,7 @@ async fn the_elector_crates_example_controller_fails_over_on_a_kill_and_its_stan
         audited(&ns.name, &format!("leader-controller/{who}"))
             .into_iter()
             .filter(|r| r.resource == "leases" && WRITES.contains(&r.verb.as_str()))
-            .filter(|r| r.code.is_some_and(|c| (200..300).contains(&c)))
+            .filter(|r| r.admitted())
             .map(|r| r.at)
             .collect()
     };

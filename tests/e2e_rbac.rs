@@ -1036,7 +1036,7 @@ async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_
         let claimed = audited_as(DEPLOY_USER)
             .into_iter()
             .filter(|r| r.resource == "leaderfences" && WRITES.contains(&r.verb.as_str()) && r.at > changed)
-            .filter(|r| r.code.is_some_and(|c| (200..300).contains(&c)))
+            .filter(Audited::admitted)
             .map(|r| r.at)
             .min()
             .expect("the leader's claim in the audit log");

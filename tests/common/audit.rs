@@ -30,6 +30,13 @@ pub struct Audited {
     pub dry_run: bool,
 }
 
+impl Audited {
+    /// Whether the API server admitted it (a 2xx answer).
+    pub fn admitted(&self) -> bool {
+        self.code.is_some_and(|c| (200..300).contains(&c))
+    }
+}
+
 /// The requests clients whose User-Agent starts with `user_agent` made in
 /// `namespace`, from the audit log hack/test.sh has the API server write.
 /// Counting there sees every request a client makes, not only the ones a
