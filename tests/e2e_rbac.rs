@@ -629,19 +629,20 @@ async fn the_service_account_has_no_verb_the_controller_does_not_use() {
 /// as a delete but which leaves the object for the next caller. Each one's
 /// refusal, if any. The Deployment writes are the operator's own, of the
 /// Deployments of Foo `fenced`, which deploy/'s confinement of the
-/// ServiceAccount (13-deployment-writes-policy.yaml) admits: only the fence
-/// decides: the create a dry run of the operator's own Deployment under
-/// another name, of one replica (admission sees it as a create; nothing is
-/// left for a replica leading in `ns` to find), the patch one that leaves
-/// the replicas as they are (none).
+/// ServiceAccount (13-deployment-writes-policy.yaml) admits, so that only
+/// the fence decides (of two policies refusing a write, the API server names
+/// one, in no set order): the create a dry run of the operator's own
+/// Deployment under another name (admission sees it as a create; nothing is
+/// left for a replica leading in `ns` to find), the patch one that sets the
+/// replicas the Foo asks for, as they are whether or not a replica leading
+/// in `ns` has synced it.
 async fn guarded_writes(client: &kube::Client, ns: &TestNamespace, tag: &str) -> Vec<Option<kube::Error>> {
     let mut deployment = fenced_deployment(ns).await;
     deployment.metadata.name = Some(format!("{tag}-created"));
-    deployment.spec.as_mut().unwrap().replicas = Some(1);
     let status = json!({ "status": { "availableReplicas": 0 } });
     let event = fence_event(ns, tag);
     let labelled = json!({ "metadata": { "labels": { "written-by": tag } } });
-    let same_replicas = json!({ "spec": { "replicas": 0 } });
+    let same_replicas = json!({ "spec": { "replicas": FENCED_REPLICAS } });
     let (pp, patch) = (PostParams::default(), PatchParams::default());
     let dry_run_create = PostParams { dry_run: true, ..PostParams::default() };
     let dry_run = kube::api::DeleteParams { dry_run: true, ..Default::default() };
@@ -675,17 +676,18 @@ fn fence_event(ns: &TestNamespace, tag: &str) -> Event {
 }
 
 /// The Deployment of Foo `fenced`, as the operator builds it
-/// (src/api/deployment.rs), with no pods.
+/// (src/api/deployment.rs).
 async fn fenced_deployment(ns: &TestNamespace) -> Deployment {
     let foo: Foo = ns.api().get(FENCED).await.expect("Foo fenced");
-    let mut deployment = desired_deployment(&foo, UNSHARDED).expect("the Deployment of Foo fenced");
-    deployment.spec.as_mut().unwrap().replicas = Some(0);
-    deployment
+    desired_deployment(&foo, UNSHARDED).expect("the Deployment of Foo fenced")
 }
+
+/// Foo `fenced`'s replicas.
+const FENCED_REPLICAS: i32 = 1;
 
 /// What the guarded writes patch and delete, made by an admin.
 async fn fenced_targets(ns: &TestNamespace) {
-    create_foo(&ns.api(), FENCED, FENCED, Some(1)).await;
+    create_foo(&ns.api(), FENCED, FENCED, Some(FENCED_REPLICAS)).await;
     let deployment = fenced_deployment(ns).await;
     ns.api::<Deployment>().create(&PostParams::default(), &deployment).await.unwrap();
     let mut event = fence_event(ns, FENCED);
@@ -761,6 +763,17 @@ fn is_fence_refusal(e: &kube::Error) -> bool {
         _ => return false,
     });
     SyncError::Api { foo: "fenced".into(), action: ApiAction::CreateDeployment, source }.is_fence_refusal()
+}
+
+/// Each of [`guarded_writes`]' outcomes in a word: admitted, fenced, or
+/// the refusal's message.
+fn verdicts(writes: &[Option<kube::Error>]) -> String {
+    let verdict = |w: &Option<kube::Error>| match w {
+        None => "admitted".to_owned(),
+        Some(e) if is_fence_refusal(e) => "fenced".to_owned(),
+        Some(e) => format!("refused: {e}"),
+    };
+    writes.iter().map(verdict).collect::<Vec<_>>().join("; ")
 }
 
 /// Every write refused by the fence, as the operator recognises it.
@@ -990,6 +1003,7 @@ const RECLAIMED_WITHIN: Duration = Duration::from_secs(2);
 #[tokio::test]
 async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_and_fences_the_standby_again() {
     let pods = install_deploy().await;
+    let start = Instant::now();
     let _lease = FreshLease::new();
     let ns = TestNamespace::new("fence-watch").await;
     fenced_targets(&ns).await;
@@ -1010,8 +1024,17 @@ async fn a_deleted_or_edited_leaderfence_is_claimed_again_within_a_retry_period_
         fence.holder(DEPLOY_LEASE).filter(|h| h.starts_with(&pods[leader].name_any())).map(str::to_owned)
     })
     .await;
+    // What the standby's writes got, printed when it changes: a timeout
+    // below says which write was let through or refused by what.
+    let seen = std::cell::RefCell::new(String::new());
     let fenced_out = || async {
-        guarded_writes(&standby, &ns, "standby").await.iter().all(|r| r.as_ref().is_some_and(is_fence_refusal))
+        let writes = guarded_writes(&standby, &ns, "standby").await;
+        let verdicts = verdicts(&writes);
+        if *seen.borrow() != verdicts {
+            println!("{:.1} s: the standby's writes: {verdicts}", start.elapsed().as_secs_f64());
+            seen.replace(verdicts);
+        }
+        writes.iter().all(|r| r.as_ref().is_some_and(is_fence_refusal))
     };
     // The first time after the install, allowing for the API server to
     // load the policies and start its informer of LeaderFences (the CRD
