@@ -24,7 +24,7 @@ trap 'hack/local-down.sh' EXIT
 bench_plane 0
 log "client-go reference build"
 mkdir -p "$(dirname "$REFERENCE")"
-(cd hack/tools/reference && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$REFERENCE" .)
+(cd hack/tools/reference && go_build -o "$REFERENCE" .)
 cargo bench --locked --quiet --no-run --bench overload
 driver() { cargo bench --locked --quiet --bench overload -- "$@"; }
 create_foos "$NS" "$N"

@@ -71,12 +71,12 @@ bench_plane "$SCALE"
 if [[ " $PEERS " == *" controller-runtime "* ]]; then
   log "controller-runtime reference build"
   mkdir -p "$(dirname "$CR_REFERENCE")"
-  (cd hack/tools/controller-runtime && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$CR_REFERENCE" .)
+  (cd hack/tools/controller-runtime && go_build -o "$CR_REFERENCE" .)
 fi
 if [[ " $PEERS " == *" client-go "* ]]; then
   log "client-go reference build"
   mkdir -p "$(dirname "$CG_REFERENCE")"
-  (cd hack/tools/client-go && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -o "$CG_REFERENCE" .)
+  (cd hack/tools/client-go && go_build -o "$CG_REFERENCE" .)
 fi
 cargo bench --locked --quiet --no-run --bench floor --bench edit_latency
 

@@ -34,13 +34,6 @@ mkdir -p "$ASSETS_DIR"
 log "building the Kubernetes $KUBE_VERSION control plane into $ASSETS_DIR (first run only; see docs/DEVELOPMENT.md for how long)"
 start=$SECONDS
 cd "$TOOLS_DIR"
-# -trimpath and no VCS stamping: reproducible, and independent of where the
-# clone lives. CGO off: etcd and the Kubernetes servers are pure Go.
-# No DWARF from the compiler: the linker's -w would drop it anyway (5% of
-# the build's CPU, measured on kwok's). tests/e2e_upstream_swap.rs builds
-# the client-go reference with the same flags, to share the compiled
-# client-go packages through Go's build cache.
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"
 # Stamp the release into the servers as Kubernetes' own build does, so
 # /version (and kubectl's skew check) report it rather than v0.0.0.
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
@@ -50,11 +43,11 @@ kube_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X
 # where four builds in a row wait for each link alone. etcd has no
 # component-base, so the -X flags leave it as it is; its binary is named
 # after the package's last path element before /v3.
-go build -trimpath -ldflags="$kube_ldflags" -o "$ASSETS_DIR/" go.etcd.io/etcd/server/v3 \
+go_build -ldflags="$kube_ldflags" -o "$ASSETS_DIR/" go.etcd.io/etcd/server/v3 \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 mv "$ASSETS_DIR/server" "$ASSETS_DIR/etcd"
 # kwok has a module of its own (see hack/tools/kwok/tools.go).
-(cd ../kwok && go build -trimpath -ldflags='-s -w' -o "$ASSETS_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
+(cd ../kwok && go_build -ldflags='-s -w' -o "$ASSETS_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
 echo "$want" > "$stamp"
 log "built in $((SECONDS - start))s"
 echo "$ASSETS_DIR"

@@ -22,10 +22,7 @@ log "building the distribution registry $version into $out (first run only)"
 start=$SECONDS
 mkdir -p "$out"
 cd "$module"
-# No DWARF from the compiler: the linker's -w would drop it anyway (5% of
-# the build's CPU, measured on kwok's).
-export CGO_ENABLED=0 GOFLAGS="${GOFLAGS:-} -mod=readonly -buildvcs=false -gcflags=all=-dwarf=false"
-go build -trimpath -ldflags='-s -w' -o "$out/registry" github.com/distribution/distribution/v3/cmd/registry
+go_build -ldflags='-s -w' -o "$out/registry" github.com/distribution/distribution/v3/cmd/registry
 echo "$want" > "$stamp"
 log "built in $((SECONDS - start))s"
 echo "$out/registry"

@@ -229,26 +229,17 @@ async fn a_deployment_a_foo_renamed_under_upstream_keeps_serving_after_the_swap_
 const REFERENCE_AGENT: &str = "client-go-controller-reference/";
 
 /// The client-go reference of upstream's controller (hack/tools/client-go),
-/// built as hack/bench-peers.sh builds it, with the flags the control
-/// plane's own build uses (hack/build-control-plane.sh): the client-go
-/// packages it shares with kube-apiserver come from Go's build cache. Its
-/// path.
+/// built as the control plane and hack/bench-peers.sh build Go (hack/lib.sh's
+/// `go_build`): the client-go packages it shares with kube-apiserver come
+/// from Go's build cache. Its path.
 fn built_reference() -> String {
     let out = scratch("client-go-controller-reference");
-    // Every flag that changes a package's compile as the plane's build sets
-    // it, or nothing comes from the cache.
-    let goflags = format!(
-        "{} -mod=readonly -buildvcs=false -gcflags=all=-dwarf=false",
-        std::env::var("GOFLAGS").unwrap_or_default()
-    );
     let started = Instant::now();
-    let build = Command::new("go")
-        .args(["build", "-trimpath", "-o", &out, "."])
-        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/hack/tools/client-go"))
-        .env("CGO_ENABLED", "0")
-        .env("GOFLAGS", goflags)
+    let build = Command::new("bash")
+        .args(["-c", r#"source hack/lib.sh && cd hack/tools/client-go && go_build -o "$1" ."#, "go_build", &out])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
-        .unwrap_or_else(|e| panic!("cannot run go, which builds hack/tools/client-go as it builds the plane: {e}"));
+        .unwrap_or_else(|e| panic!("cannot run bash, which builds hack/tools/client-go as it builds the plane: {e}"));
     assert!(build.status.success(), "go build hack/tools/client-go:\n{}", String::from_utf8_lossy(&build.stderr));
     eprintln!("built the client-go reference in {:.1?}", started.elapsed());
     out
