@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds etcd, kube-apiserver, kube-controller-manager and kube-scheduler from
 # the Go modules pinned in hack/tools/v$KUBE_MINOR/go.mod (lib.sh), and kwok
-# from hack/tools/kwok,
+# from the newest plane's (KWOK_TOOLS_DIR),
 # into $ASSETS_DIR (envtest's KUBEBUILDER_ASSETS layout). Only the Go module
 # proxy is used. A warm run (binaries present and built from the same go.sum
 # files) returns at once.
@@ -20,7 +20,7 @@ fi
 command -v go >/dev/null || die "Go is needed to build the test control plane (${PLANE_BINARIES[*]}); install Go >= 1.26 or set KUBEBUILDER_ASSETS"
 
 stamp="$ASSETS_DIR/.go.sum.sha256"
-want="$(cat "$TOOLS_DIR/go.sum" "$REPO_ROOT/hack/tools/kwok/go.sum" | sha256sum | cut -d' ' -f1)"
+want="$(cat "$TOOLS_DIR/go.sum" "$KWOK_TOOLS_DIR/go.sum" | sha256sum | cut -d' ' -f1)"
 all_built() {
   local b
   for b in "${PLANE_BINARIES[@]}"; do [[ -x "$ASSETS_DIR/$b" ]] || return 1; done
@@ -46,8 +46,7 @@ kube_ldflags="-s -w -X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X
 go_build -ldflags="$kube_ldflags" -o "$ASSETS_DIR/" go.etcd.io/etcd/server/v3 \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 mv "$ASSETS_DIR/server" "$ASSETS_DIR/etcd"
-# kwok has a module of its own (see hack/tools/kwok/tools.go).
-(cd ../kwok && go_build -ldflags='-s -w' -o "$ASSETS_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
+(cd "$KWOK_TOOLS_DIR" && go_build -ldflags='-s -w' -o "$ASSETS_DIR/kwok" sigs.k8s.io/kwok/cmd/kwok)
 echo "$want" > "$stamp"
 log "built in $((SECONDS - start))s"
 echo "$ASSETS_DIR"

@@ -20,6 +20,9 @@ if [[ -z "${KUBEBUILDER_ASSETS:-}" ]]; then
   # One `go env` for both values (each run costs a Go start-up).
   { read -r GOOS_ && read -r GOARCH_; } < <(go env GOOS GOARCH 2>/dev/null || printf 'linux\namd64\n')
 fi
+# kwok's module: the newest plane's, whose compiled client-go it shares
+# (hack/tools/v1.37/tools.go says why). One kwok serves every plane.
+KWOK_TOOLS_DIR="$(dirname "$TOOLS_DIR")/v1.37"
 # What hack/build-control-plane.sh builds and hack/local-up.sh starts.
 PLANE_BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 ASSETS_DIR="${KUBEBUILDER_ASSETS:-$CACHE_ROOT/k8s/$KUBE_VERSION-${GOOS_:-linux}-${GOARCH_:-amd64}}"
