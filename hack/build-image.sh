@@ -7,7 +7,10 @@
 # 1. The release binary, built on the host with glibc linked statically (the
 #    FROM-scratch image has no libc). rustup cannot add the musl target on a
 #    machine without internet; a static glibc binary needs no files at run
-#    time except for host-name lookups (see docs/image.md).
+#    time except for host-name lookups (see docs/image.md). With
+#    JEMALLOC_OVERRIDE set (tikv-jemalloc-sys's variable), it links that
+#    jemalloc library rather than building one: hack/test.sh passes the one
+#    its debug build compiled, the same code (Cargo.toml says why).
 # 2. A build context in target/image/context: that binary and the host's CA
 #    bundle.
 # 3. The image, built from Dockerfile by buildah (Debian's package, installed
