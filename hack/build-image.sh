@@ -7,10 +7,10 @@
 # 1. The release binary, built on the host with glibc linked statically (the
 #    FROM-scratch image has no libc). rustup cannot add the musl target on a
 #    machine without internet; a static glibc binary needs no files at run
-#    time except for host-name lookups (see docs/image.md). With
-#    JEMALLOC_OVERRIDE set (tikv-jemalloc-sys's variable), it links that
-#    jemalloc library rather than building one: hack/test.sh passes the one
-#    its debug build compiled, the same code (Cargo.toml says why).
+#    time except for host-name lookups (see docs/image.md). jemalloc's C
+#    library is the debug build's (built here if it is not yet), linked
+#    through tikv-jemalloc-sys's JEMALLOC_OVERRIDE: the same code, compiled
+#    once for both profiles (Cargo.toml says why).
 # 2. A build context in target/image/context: that binary and the host's CA
 #    bundle.
 # 3. The image, built from Dockerfile by buildah (Debian's package, installed
@@ -40,6 +40,17 @@ CA_BUNDLE="${CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
 [[ -f "$CA_BUNDLE" ]] || die "no CA bundle at $CA_BUNDLE (install ca-certificates or set CA_BUNDLE)"
 
 host="$(rustc -vV | sed -n 's/^host: //p')"
+# Fresh after the tests' build (the features are the workspace's either
+# way), so every caller, hack/test.sh's and README.md's install alike,
+# hands the release build the same path and it stays fresh too. One set
+# by the caller is kept.
+if [[ -z "${JEMALLOC_OVERRIDE:-}" ]]; then
+  out_dir="$(cargo build --locked --quiet -p tikv-jemalloc-sys --message-format=json |
+    grep tikv-jemalloc-sys@ |
+    sed -n '/"reason":"build-script-executed"/s/.*"out_dir":"\([^"]*\)".*/\1/p')"
+  export JEMALLOC_OVERRIDE="$out_dir/lib/libjemalloc.a"
+  [[ -f $JEMALLOC_OVERRIDE ]] || die "cargo built tikv-jemalloc-sys but no $JEMALLOC_OVERRIDE came of it"
+fi
 log "building the release binary for $host (image platform linux/$ARCH), glibc linked statically"
 # --target keeps these flags off the host's build scripts and proc macros,
 # and the output apart from the usual target/release.

@@ -216,17 +216,11 @@ only_crates=$(IFS='|'; echo "${only_crates[*]}")
 begin "formatting; every target of the workspace built and linted (clippy); CRD matches the Foo type"
 cargo fmt --all --check
 cargo build --locked --quiet --workspace --all-targets
-# The jemalloc library that build compiled, for the image's release build
-# (Cargo.toml, profile.dev.package.tikv-jemalloc-sys): asked of the same
-# build again, which is fresh, so it compiles nothing.
-jemalloc_lib="$(cargo build --locked --workspace --all-targets --message-format=json 2>/dev/null |
-  sed -n '/"reason":"build-script-executed"/{/tikv-jemalloc-sys@/s/.*"out_dir":"\([^"]*\)".*/\1/p}')/lib/libjemalloc.a"
-[[ -f $jemalloc_lib ]] || { log "no jemalloc library at $jemalloc_lib: the image's build compiles its own"; jemalloc_lib=""; }
 # Needed by the image tests only, which end each minor's run: the release
 # build starts once the first plane is built, so it does not slow the plane
 # the first suites wait for, and takes what CPU the integration tests leave.
 first_plane="$background/plane-${minors[0]}.done"
-detach env ${jemalloc_lib:+"JEMALLOC_OVERRIDE=$jemalloc_lib"} hack/background.sh "$background" image 19 \
+detach hack/background.sh "$background" image 19 \
   bash -c 'until [[ -f $1 ]]; do sleep 2; done; exec hack/build-image.sh' _ "$first_plane"
 hack/verify-crds.sh
 begin "Dockerfile lint"
