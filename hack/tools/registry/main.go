@@ -11,11 +11,16 @@
 package main
 
 import (
+	"os"
+
 	"github.com/distribution/distribution/v3/registry"
 	_ "github.com/distribution/distribution/v3/registry/storage/driver/filesystem"
 )
 
 func main() {
-	// RootCmd reports its own errors and exits non-zero on them.
-	_ = registry.RootCmd.Execute()
+	// serve exits non-zero on its own errors; a bad command line comes back
+	// here, already printed by cobra.
+	if err := registry.RootCmd.Execute(); err != nil {
+		os.Exit(1)
+	}
 }
