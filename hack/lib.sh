@@ -8,7 +8,8 @@
 # KUBE_MINOR picks the Kubernetes minor: one folder per supported minor under
 # hack/tools (v1.35, v1.37) pins its patch release and the etcd it is tested
 # with. The newest is the default; the test command also runs on the oldest.
-KUBE_MINOR="${KUBE_MINOR:-1.37}"
+NEWEST_KUBE_MINOR=1.37
+KUBE_MINOR="${KUBE_MINOR:-$NEWEST_KUBE_MINOR}"
 TOOLS_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/tools/v$KUBE_MINOR"
 # A bad KUBE_MINOR stops a script, and returns from `source` in a shell
 # without closing it.
@@ -21,8 +22,8 @@ if [[ -z "${KUBEBUILDER_ASSETS:-}" ]]; then
   { read -r GOOS_ && read -r GOARCH_; } < <(go env GOOS GOARCH 2>/dev/null || printf 'linux\namd64\n')
 fi
 # kwok's module: the newest plane's, whose compiled client-go it shares
-# (hack/tools/v1.37/tools.go says why). One kwok serves every plane.
-KWOK_TOOLS_DIR="$(dirname "$TOOLS_DIR")/v1.37"
+# (its tools.go says why). One kwok serves every plane.
+KWOK_TOOLS_DIR="$(dirname "$TOOLS_DIR")/v$NEWEST_KUBE_MINOR"
 # What hack/build-control-plane.sh builds and hack/local-up.sh starts.
 PLANE_BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
 ASSETS_DIR="${KUBEBUILDER_ASSETS:-$CACHE_ROOT/k8s/$KUBE_VERSION-${GOOS_:-linux}-${GOARCH_:-amd64}}"
